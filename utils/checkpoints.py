@@ -1,0 +1,66 @@
+"""Checkpoints as plain data: written atomically, loaded with ``weights_only=True``.
+
+A checkpoint is a dict of tensors, numbers, strings, lists and dicts only (no
+pickled classes), so ``torch.load(path, weights_only=True)`` can read it and a
+malicious file cannot run code. Keys written by train.py:
+
+``model_cfg`` (the model YAML dict), ``nc``, ``names``, ``model`` (state dict),
+``ema`` (state dict or None), ``updates``, ``optimizer``, ``scaler``, ``epoch``,
+``batch_in_epoch``, ``best_fitness``, ``stopper``, ``opt``, ``hyp``, ``rng``,
+``date``, ``versions``.
+"""
+
+import io
+import zipfile
+from pathlib import Path
+
+import torch
+
+from utils.errors import UserError
+from utils.files import atomic_open
+
+REQUIRED_KEYS = ("model_cfg", "model")
+
+
+def to_plain(obj):
+    """Recursively turn Paths, tuples and numpy values into types ``weights_only`` accepts."""
+    if isinstance(obj, dict):
+        return {str(k) if isinstance(k, Path) else k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and not isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    return obj
+
+
+def save_checkpoint(ckpt: dict, path) -> None:
+    """Serialise ``ckpt`` to memory, then write it atomically to ``path``.
+
+    Serialising first means a failure (bad object, full disk) never touches the
+    existing file; the caller sees the OSError and the previous checkpoint stays.
+    """
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    with atomic_open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """Load a checkpoint with ``weights_only=True``; every failure is a one-line UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: not a readable checkpoint ({first_line[:200]}); "
+                        "it may be truncated, corrupt or from another program") from None
+    except Exception as e:  # torch raises UnpicklingError subclasses for foreign pickles
+        raise UserError(f"{path}: not a safe checkpoint of this project ({type(e).__name__}); "
+                        "only files saved by this project's train.py load") from None
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED_KEYS):
+        raise UserError(f"{path}: not a checkpoint of this project (missing keys {list(REQUIRED_KEYS)})")
+    return ckpt

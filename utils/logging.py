@@ -1,0 +1,39 @@
+"""Project logger and terminal colouring (rank-aware: only rank 0 logs at INFO)."""
+
+import logging
+import os
+import sys
+
+LOGGING_NAME = "ffca"
+
+
+def _make_logger(name: str = LOGGING_NAME) -> logging.Logger:
+    rank = int(os.getenv("RANK", -1))
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank in (-1, 0) else logging.WARNING)
+    logger.propagate = False
+    return logger
+
+
+LOGGER = _make_logger()
+
+_COLOURS = {
+    "black": "\033[30m", "red": "\033[31m", "green": "\033[32m", "yellow": "\033[33m",
+    "blue": "\033[34m", "magenta": "\033[35m", "cyan": "\033[36m", "white": "\033[37m",
+    "bold": "\033[1m", "underline": "\033[4m", "end": "\033[0m",
+}
+
+
+def colorstr(*args) -> str:
+    """``colorstr('blue', 'bold', 'text')`` wraps the last argument in ANSI codes (default blue bold).
+
+    Colour is dropped when stdout is not a terminal, so log files stay clean.
+    """
+    *styles, text = args if len(args) > 1 else ("blue", "bold", args[0])
+    if not sys.stdout.isatty():
+        return str(text)
+    return "".join(_COLOURS[s] for s in styles) + f"{text}" + _COLOURS["end"]
