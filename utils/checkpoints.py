@@ -10,6 +10,7 @@ malicious file cannot run code. Keys written by train.py:
 ``date``, ``versions``.
 """
 
+import hashlib
 import io
 import zipfile
 from pathlib import Path
@@ -64,3 +65,16 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED_KEYS):
         raise UserError(f"{path}: not a checkpoint of this project (missing keys {list(REQUIRED_KEYS)})")
     return ckpt
+
+
+def state_dict_sha256(state_dict: dict) -> str:
+    """SHA-256 over a state dict's tensors (sorted keys, raw bytes): equal iff bit-identical."""
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        tensor = state_dict[key]
+        digest.update(key.encode())
+        if isinstance(tensor, torch.Tensor):
+            t = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(str(t.dtype).encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()

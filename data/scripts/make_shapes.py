@@ -1,0 +1,166 @@
+"""Generate the embedded synthetic small-object data set ("shapes"), offline and deterministic by seed.
+
+Each 256 x 256 JPEG holds a few small filled shapes (circle, square, triangle, cross; 8-32 px) on a
+cluttered background (colour gradient, sensor noise, faint lines and grey blobs that are not
+objects). Every class has its own hue with random variation in hue, saturation, brightness, size
+and rotation. Layout: ``<root>/images/{train,val}/*.jpg`` and ``<root>/labels/{train,val}/*.txt``.
+
+    python data/scripts/make_shapes.py --root datasets/shapes --n-train 400 --n-val 100 --seed 0
+"""
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+IMG_SIZE = 256
+NAMES = ("circle", "square", "triangle", "cross")
+CLASS_HUES = (0, 60, 115, 28)  # OpenCV hue (0-180): red, green, blue, yellow
+MIN_SIDE, MAX_SIDE = 8, 32
+OBJECTS_PER_IMAGE = (2, 7)
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "datasets" / "shapes"
+
+
+def _background(rng, size):
+    """(size, size, 3) float32 BGR: a low-saturation gradient with faint lines and grey blobs."""
+    c1, c2 = rng.uniform(40, 200, 3), rng.uniform(40, 200, 3)
+    c2 = c1 + (c2 - c1) * 0.6  # keep the two ends of the gradient close in colour
+    angle = rng.uniform(0, 2 * math.pi)
+    ramp = np.linspace(0, 1, size, dtype=np.float32)
+    t = (np.cos(angle) * ramp[None, :] + np.sin(angle) * ramp[:, None] + 1.5) / 3.0
+    im = (c1.astype(np.float32) * (1 - t[..., None]) + c2.astype(np.float32) * t[..., None])
+    for _ in range(rng.integers(3, 9)):  # grey blobs: object-sized clutter with no class colour
+        grey = float(rng.uniform(30, 220))
+        centre = tuple(int(v) for v in rng.integers(0, size, 2))
+        axes = tuple(int(v) for v in rng.integers(4, 40, 2))
+        cv2.ellipse(im, centre, axes, float(rng.uniform(0, 180)), 0, 360, (grey, grey, grey), -1, cv2.LINE_AA)
+    for _ in range(rng.integers(5, 15)):  # faint thin lines
+        p1 = tuple(int(v) for v in rng.integers(0, size, 2))
+        p2 = tuple(int(v) for v in rng.integers(0, size, 2))
+        shade = tuple(float(v) for v in rng.uniform(60, 200, 3))
+        cv2.line(im, p1, p2, shade, int(rng.integers(1, 3)), cv2.LINE_AA)
+    return im
+
+
+def _class_colour(rng, cls):
+    """BGR colour for class ``cls``: its hue +-7, saturation and value varied."""
+    hsv = np.array([[[(CLASS_HUES[cls] + rng.integers(-7, 8)) % 180,
+                      rng.integers(140, 256), rng.integers(150, 256)]]], dtype=np.uint8)
+    return tuple(float(v) for v in cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0])
+
+
+def _polygon(cls, cx, cy, side, angle):
+    """Vertices (k, 2) float of a square/triangle/cross of size ``side`` centred on (cx, cy), rotated."""
+    h = side / 2
+    if cls == 1:
+        pts = np.array([[-h, -h], [h, -h], [h, h], [-h, h]])
+    elif cls == 2:
+        pts = np.array([[0, -h], [h, h * 0.8], [-h, h * 0.8]])
+    else:
+        a = h / 3  # arm half-width
+        pts = np.array([[-a, -h], [a, -h], [a, -a], [h, -a], [h, a], [a, a], [a, h], [-a, h], [-a, a],
+                        [-h, a], [-h, -a], [-a, -a]])
+    c, s = math.cos(angle), math.sin(angle)
+    return pts @ np.array([[c, s], [-s, c]]) + (cx, cy)
+
+
+def _draw_object(im, rng, cls, cx, cy, side):
+    """Draw one filled object; returns its tight box (x1, y1, x2, y2) in pixels."""
+    colour = _class_colour(rng, cls)
+    if cls == 0:
+        r = side / 2
+        cv2.circle(im, (int(round(cx * 16)), int(round(cy * 16))), int(round(r * 16)), colour, -1, cv2.LINE_AA,
+                   shift=4)
+        return cx - r, cy - r, cx + r, cy + r
+    max_tilt = math.pi / 12 if cls == 1 else math.pi  # squares stay near axis-aligned
+    pts = _polygon(cls, cx, cy, side, rng.uniform(-max_tilt, max_tilt))
+    cv2.fillPoly(im, [np.round(pts * 16).astype(np.int32)], colour, cv2.LINE_AA, shift=4)
+    return pts[:, 0].min(), pts[:, 1].min(), pts[:, 0].max(), pts[:, 1].max()
+
+
+def _overlaps(box, boxes, margin=3):
+    return any(box[0] < b[2] + margin and b[0] < box[2] + margin and box[1] < b[3] + margin and
+               b[1] < box[3] + margin for b in boxes)
+
+
+def make_image(rng, size=IMG_SIZE):
+    """One synthetic image: ``(image (size, size, 3) uint8 BGR, labels (n, 5) [cls, x, y, w, h] normalised)``."""
+    im = _background(rng, size)
+    boxes, labels = [], []
+    for _ in range(rng.integers(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1)):
+        cls = int(rng.integers(0, len(NAMES)))
+        side = float(rng.uniform(MIN_SIDE, MAX_SIDE))
+        reach = side * 0.75  # room for a rotated shape's corners
+        for _attempt in range(20):  # rejection sampling keeps objects apart
+            cx, cy = rng.uniform(reach + 1, size - reach - 1, 2)
+            if not _overlaps((cx - reach, cy - reach, cx + reach, cy + reach), boxes):
+                break
+        else:
+            continue
+        x1, y1, x2, y2 = np.clip(_draw_object(im, rng, cls, cx, cy, side), 0, size)
+        boxes.append((cx - reach, cy - reach, cx + reach, cy + reach))
+        labels.append((cls, (x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size))
+    im += rng.normal(0.0, rng.uniform(4, 14), im.shape).astype(np.float32)  # sensor noise over everything
+    return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
+
+
+def _write_split(root: Path, split: str, n: int, seed: int, split_id: int) -> None:
+    (root / "images" / split).mkdir(parents=True)
+    (root / "labels" / split).mkdir(parents=True)
+    for i in range(n):
+        rng = np.random.default_rng([seed, split_id, i])  # one stream per image: independent of n
+        im, labels = make_image(rng)
+        cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), im, [cv2.IMWRITE_JPEG_QUALITY, 92])
+        rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
+        (root / "labels" / split / f"{i:06d}.txt").write_text(rows)
+
+
+def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0) -> Path:
+    """Generate the data set into ``root`` (must not exist or be empty); returns ``root``.
+
+    Builds in a temporary sibling folder and renames it into place, so an interrupted run never
+    leaves a half-written data set that would look complete.
+    """
+    root = Path(root).resolve()
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} exists and is not empty; delete it to regenerate the data set")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        _write_split(tmp, "train", n_train, seed, 0)
+        _write_split(tmp, "val", n_val, seed, 1)
+        if root.exists():
+            root.rmdir()
+        os.replace(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="output folder (must not exist)")
+    parser.add_argument("--n-train", type=int, default=400, help="number of training images")
+    parser.add_argument("--n-val", type=int, default=100, help="number of validation images")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        root = make_shapes(args.root, args.n_train, args.n_val, args.seed)
+    except FileExistsError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    print(f"Wrote {args.n_train} train + {args.n_val} val images to {root} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

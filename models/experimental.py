@@ -1,0 +1,129 @@
+"""Loading trained weights for inference: single models, ensembles, test-time augmentation."""
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from utils.checkpoints import load_checkpoint
+from utils.errors import UserError
+
+TTA_SCALES = (1.0, 0.83, 0.67)
+TTA_FLIPS = (None, 3, None)  # 3 = flip left-right (the width axis of NCHW)
+
+
+class Ensemble(nn.ModuleList):
+    """Several models whose eval-mode predictions are concatenated before NMS."""
+
+    def forward(self, x, augment=False):
+        """``x`` (bs, 3, h, w) float -> ``(pred (bs, N1 + N2 + ..., no), None)``."""
+        preds = [tta_forward(m, x)[0] if augment else m(x)[0] for m in self]
+        return torch.cat(preds, 1), None
+
+
+def _model_class():
+    from models.yolo import Model  # deferred: the model registry imports the block modules
+    return Model
+
+
+def _float_state_dict(state, path):
+    """Checkpoint state dict (fp16 or fp32) -> fp32 tensors; rejects anything that is not a state dict."""
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path}: the checkpoint's weights are not a state dict; re-save it with this project's train.py")
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _check_fit(model, state, path):
+    """One-line UserError when ``state`` does not fit ``model``'s parameters and buffers."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+                  if k in state and state[k].shape != v.shape]
+    if missing or unexpected or mismatched:
+        parts = [f"{label} {items[:3]}{' ...' if len(items) > 3 else ''}"
+                 for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched))
+                 if items]
+        raise UserError(f"{path}: weights do not fit the stored model architecture ({'; '.join(parts)}); "
+                        "the checkpoint is damaged or was edited")
+
+
+def load_one(path, fuse=True):
+    """Rebuild the model stored in checkpoint ``path`` (EMA weights when present) as an fp32 eval model."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    cfg = ckpt["model_cfg"]
+    if not isinstance(cfg, dict):
+        raise UserError(f"{path}: checkpoint key 'model_cfg' should be the model YAML dict, got {type(cfg).__name__}")
+    try:
+        model = _model_class()(cfg, nc=ckpt.get("nc"))
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
+        raise UserError(f"{path}: cannot build the model stored in the checkpoint ({type(e).__name__}: {e})") from None
+    state = _float_state_dict(ckpt.get("ema") or ckpt["model"], path)
+    _check_fit(model, state, path)
+    model.load_state_dict(state)
+    names = ckpt.get("names") or [f"class{i}" for i in range(model.model[-1].nc)]
+    model.names = list(names.values()) if isinstance(names, dict) else list(names)
+    model.float().eval()
+    if fuse:
+        _fuse(model)
+    return model
+
+
+def _fuse(model):
+    """Fold BatchNorm into convolutions, through the model's own ``fuse`` when it has one."""
+    if callable(getattr(model, "fuse", None)):
+        model.fuse()
+        return
+    for module in model.modules():
+        if module is not model and callable(getattr(module, "fuse", None)):
+            module.fuse()
+
+
+def attempt_load(weights, device=None, fuse=True):
+    """Load one checkpoint path, or a list of paths as an :class:`Ensemble`, onto ``device`` in eval mode.
+
+    Missing files, files that are not checkpoints and weights that do not fit the stored
+    architecture each raise a one-line UserError.
+    """
+    paths = [weights] if isinstance(weights, (str, Path)) else list(weights)
+    if not paths:
+        raise UserError("--weights: no weights file given; pass a checkpoint such as runs/train/exp/weights/best.pt")
+    models = [load_one(p, fuse).to(device or "cpu") for p in paths]
+    if len(models) == 1:
+        return models[0]
+    ensemble = Ensemble(models)
+    counts = {m.model[-1].nc for m in models}
+    if len(counts) > 1:
+        raise UserError(f"--weights {[str(p) for p in paths]}: ensemble members have different class counts {sorted(counts)}")
+    ensemble.names = models[0].names
+    ensemble.nc = models[0].model[-1].nc
+    ensemble.stride = max((m.stride for m in models), key=lambda s: float(s.max()))
+    return ensemble
+
+
+def scale_img(img, ratio=1.0, gs=32):
+    """Resize (bs, 3, h, w) by ``ratio`` and pad right/bottom up to a multiple of ``gs`` with ImageNet grey."""
+    if ratio == 1.0:
+        return img
+    h, w = img.shape[2:]
+    size = (int(h * ratio), int(w * ratio))
+    img = F.interpolate(img, size=size, mode="bilinear", align_corners=False)
+    ph, pw = (math.ceil(x / gs) * gs - x for x in size)
+    return F.pad(img, [0, pw, 0, ph], value=0.447)
+
+
+def tta_forward(model, im):
+    """Test-time augmentation: predictions (bs, N, no) at scales 1, 0.83, 0.67 (the 0.83 pass flipped
+    left-right), mapped back to ``im``'s pixel frame and concatenated -> ``(pred, None)``."""
+    width = im.shape[3]
+    gs = int(model.stride.max())
+    outputs = []
+    for scale, flip in zip(TTA_SCALES, TTA_FLIPS):
+        pred = model(scale_img(im.flip(flip) if flip else im, scale, gs))[0].clone()
+        pred[..., :4] /= scale
+        if flip == 3:
+            pred[..., 0] = width - pred[..., 0]
+        outputs.append(pred)
+    return torch.cat(outputs, 1), None

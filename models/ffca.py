@@ -1,0 +1,186 @@
+"""FFCA-YOLO modules (Zhang et al., IEEE TGRS 2024): FEM, FFM, SCAM and C3_Faster.
+
+Class names match FFCA-YOLO's published YAML files so they parse unchanged. Two deliberate
+differences from the widely copied implementation:
+
+* FFM multiplies weight ``c`` with channel ``c`` (the upstream ``.view(N, H, W, C)`` on an NCHW
+  tensor scales the wrong elements);
+* SCAM's global pools use ``mean``/``amax`` over H, W, whose CUDA backward is deterministic,
+  instead of ``nn.AdaptiveMaxPool2d``, which breaks ``torch.use_deterministic_algorithms(True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from models.common import C3, Conv
+
+
+def global_avg_pool(x: torch.Tensor) -> torch.Tensor:
+    """``(N, C, H, W) -> (N, C)`` mean over H, W (equals ``nn.AdaptiveAvgPool2d(1)``)."""
+    return x.mean(dim=(2, 3))
+
+
+def global_max_pool(x: torch.Tensor) -> torch.Tensor:
+    """``(N, C, H, W) -> (N, C)`` max over H, W (equals ``nn.AdaptiveMaxPool2d(1)``, deterministic backward)."""
+    return x.amax(dim=(2, 3))
+
+
+class FEM(nn.Module):
+    """Feature Enhancement Module; ``(N, c1, H, W) -> (N, c2, H, W)``.
+
+    Three branches on ``i = c1 // map_reduce`` channels (plain 3x3; 1x3/3x1 then dilated 3x3;
+    3x1/1x3 then dilated 3x3), each ``2i`` wide, concatenated (``6i``) and projected to ``c2``;
+    output ``ReLU(scale * projection + shortcut(x))``. Every conv is bias-free with BatchNorm,
+    ReLU after all but the last conv of each branch.
+    """
+
+    def __init__(self, c1: int, c2: int, scale: float = 0.1, map_reduce: int = 8, dilation: int = 5):
+        super().__init__()
+        i = c1 // map_reduce
+        if i < 2:
+            raise ValueError(f"FEM needs at least {2 * map_reduce} input channels, got {c1}")
+        mid = (i // 2) * 3
+        self.scale = scale
+        self.branch_a = nn.Sequential(
+            Conv(c1, 2 * i, 1, act=nn.ReLU()),
+            Conv(2 * i, 2 * i, 3, act=False),
+        )
+        self.branch_b = nn.Sequential(
+            Conv(c1, i, 1, act=nn.ReLU()),
+            Conv(i, mid, (1, 3), act=nn.ReLU()),
+            Conv(mid, 2 * i, (3, 1), act=nn.ReLU()),
+            Conv(2 * i, 2 * i, 3, d=dilation, act=False),
+        )
+        self.branch_c = nn.Sequential(
+            Conv(c1, i, 1, act=nn.ReLU()),
+            Conv(i, mid, (3, 1), act=nn.ReLU()),
+            Conv(mid, 2 * i, (1, 3), act=nn.ReLU()),
+            Conv(2 * i, 2 * i, 3, d=dilation, act=False),
+        )
+        self.project = Conv(6 * i, c2, 1, act=False)
+        self.shortcut = Conv(c1, c2, 1, act=False)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        branches = torch.cat((self.branch_a(x), self.branch_b(x), self.branch_c(x)), 1)
+        return self.act(self.scale * self.project(branches) + self.shortcut(x))
+
+
+class _WeightedConcat(nn.Module):
+    """Fast normalised fusion: one learnable weight per input channel, then channel concat.
+
+    ``channels`` are the inputs' channel counts; inputs ``(N, C_k, H, W)`` -> ``(N, sum C_k, H, W)``
+    with channel ``c`` of the concatenation scaled by ``w[c] / (sum(w) + eps)``.
+    """
+
+    n_inputs = 0
+
+    def __init__(self, channels: Sequence[int], dimension: int = 1, eps: float = 1e-4):
+        super().__init__()
+        channels = [int(c) for c in channels]
+        if len(channels) != self.n_inputs:
+            raise ValueError(f"{type(self).__name__} fuses {self.n_inputs} inputs, got {len(channels)}")
+        if dimension != 1:
+            raise ValueError(f"{type(self).__name__} weights channels, so dimension must be 1, got {dimension}")
+        self.channels = channels
+        self.eps = eps
+        self.w = nn.Parameter(torch.ones(sum(channels)))
+
+    def normalised_weights(self) -> torch.Tensor:
+        """``(sum C_k,)`` weights divided by their sum (+eps)."""
+        return self.w / (self.w.sum() + self.eps)
+
+    def forward(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        got = [x.shape[1] for x in xs]
+        if got != self.channels:
+            raise ValueError(f"{type(self).__name__} built for channels {self.channels}, got {got}")
+        return torch.cat(tuple(xs), 1) * self.normalised_weights().view(1, -1, 1, 1)
+
+
+class FFM_Concat2(_WeightedConcat):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)
+    """FFM fusion of two feature maps (see :class:`_WeightedConcat`)."""
+
+    n_inputs = 2
+
+
+class FFM_Concat3(_WeightedConcat):  # noqa: N801
+    """FFM fusion of three feature maps (see :class:`_WeightedConcat`)."""
+
+    n_inputs = 3
+
+
+class SCAM(nn.Module):
+    """Spatial Context-Aware Module; ``(N, C, H, W) -> (N, C, H, W)``.
+
+    key = softmax over H*W of Conv(C->1); value = Conv(C->C); channel context = value @ key
+    (a C-vector). Softmaxed global-average and global-max descriptors of the input, each applied
+    to the value map, give two ``1 x H x W`` maps; gate = sigmoid(Conv(2->1)). Output
+    ``x + SiLU(conv1x1(context)) * gate``.
+    """
+
+    def __init__(self, c1: int):
+        super().__init__()
+        self.key = Conv(c1, 1, 1)
+        self.value = Conv(c1, c1, 1)
+        self.context_proj = nn.Sequential(nn.Conv2d(c1, c1, 1, bias=False), nn.SiLU())
+        self.gate = Conv(2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        key = self.key(x).view(n, h * w, 1).softmax(1)
+        value = self.value(x).view(n, c, h * w)
+        context = torch.bmm(value, key).view(n, c, 1, 1)
+        avg = global_avg_pool(x).softmax(1).view(n, 1, c)
+        mx = global_max_pool(x).softmax(1).view(n, 1, c)
+        maps = torch.cat((torch.bmm(avg, value), torch.bmm(mx, value)), 1).view(n, 2, h, w)
+        return x + self.context_proj(context) * self.gate(maps).sigmoid()
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: while training, zero whole samples with probability ``p`` and rescale."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+
+class FasterBlock(nn.Module):
+    """FasterNet block on ``c`` channels; shape kept.
+
+    Partial 3x3 conv (bias-free) on the first ``c // n_div`` channels, the rest passing through,
+    then Conv(c->2c, BN+SiLU), bias-free 1x1 conv 2c->c (no BN), DropPath, residual add.
+    """
+
+    def __init__(self, c: int, n_div: int = 4, mlp_ratio: int = 2, drop_path: float = 0.1):
+        super().__init__()
+        self.c_partial = c // n_div
+        if self.c_partial < 1:
+            raise ValueError(f"FasterBlock needs at least {n_div} channels, got {c}")
+        self.partial_conv = nn.Conv2d(self.c_partial, self.c_partial, 3, 1, 1, bias=False)
+        self.mlp = nn.Sequential(Conv(c, c * mlp_ratio, 1), nn.Conv2d(c * mlp_ratio, c, 1, bias=False))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed, rest = x.split([self.c_partial, x.shape[1] - self.c_partial], 1)
+        mixed = torch.cat((self.partial_conv(mixed), rest), 1)
+        return x + self.drop_path(self.mlp(mixed))
+
+
+class C3_Faster(C3):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)
+    """C3 whose inner blocks are FasterNet blocks (always residual; ``shortcut`` is accepted
+    so C3 rows such as ``[256, False]`` parse unchanged). ``(N, c1, H, W) -> (N, c2, H, W)``."""
+
+    @staticmethod
+    def _blocks(c_: int, n: int, shortcut: bool, g: int) -> nn.Sequential:
+        return nn.Sequential(*(FasterBlock(c_) for _ in range(n)))

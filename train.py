@@ -1,0 +1,599 @@
+"""Train a YOLOv5 / FFCA-YOLO detector on a YOLO-format data set.
+
+Usage (YOLOv5's flags and meanings):
+    python train.py --data data/shapes.yaml --cfg models/ffca-yolo.yaml --imgsz 640 --epochs 100
+    python train.py --resume                       # continue the most recent run under runs/
+    torchrun --nproc_per_node 2 train.py --device 0,1 --data D.yaml --cfg models/ffca-yolo.yaml
+    python train.py ... --deterministic            # scoped determinism (strict|scoped|warn|off)
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+from copy import deepcopy
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+import val as validate  # noqa: E402
+from models.experimental import attempt_load  # noqa: E402
+from models.yolo import Model  # noqa: E402
+from utils.amp import check_amp  # noqa: E402
+from utils.autoanchor import check_anchors  # noqa: E402
+from utils.autobatch import check_train_batch_size  # noqa: E402
+from utils.checkpoints import load_checkpoint, state_dict_sha256  # noqa: E402
+from utils.data_config import check_dataset  # noqa: E402
+from utils.dataloaders import create_dataloader  # noqa: E402
+from utils.ddp import (DistInfo, any_rank_flag, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
+                       destroy_process_group, dist_info_from_env, init_process_group)
+from utils.env import environment_report  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files import increment_path, yaml_load, yaml_save  # noqa: E402
+from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
+from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.loss import ComputeLoss  # noqa: E402
+from utils.metrics import fitness  # noqa: E402
+from utils.ops import check_img_size  # noqa: E402
+from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
+from utils.reproducibility import determinism_report, record_checksum, write_json  # noqa: E402
+from utils.results_log import ResultsLog  # noqa: E402
+from utils.run_state import (CheckpointSaver, float_state, plain_opt, restore_training_state,  # noqa: E402
+                             strip_optimizer, training_state)
+from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
+from utils.torch_utils import (EarlyStopping, ModelEMA, audit_model, configure_determinism, de_parallel,  # noqa: E402
+                               get_rng_state, intersect_dicts, select_device, set_rng_state, smart_optimizer)
+
+NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
+DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
+DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
+DETERMINISM_MODES = ("off", "warn", "scoped", "strict")
+
+
+def parse_opt(argv=None):
+    """Parse YOLOv5's training flags (plus --deterministic and --save-interval)."""
+    return build_parser().parse_args(argv)
+
+
+def build_parser(**parser_kwargs) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train a YOLOv5 / FFCA-YOLO detector", **parser_kwargs)
+    p.add_argument("--weights", type=str, default="", help="checkpoint to start from ('' = from scratch)")
+    p.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/ffca-yolo.yaml")
+    p.add_argument("--data", type=str, default=str(DEFAULT_DATA), help="data set YAML")
+    p.add_argument("--hyp", type=str, default=str(DEFAULT_HYP), help="hyperparameters YAML")
+    p.add_argument("--epochs", type=int, default=100, help="total training epochs")
+    p.add_argument("--batch-size", type=int, default=16, help="total batch size over all GPUs, -1 = AutoBatch")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="train and val image size (px)")
+    p.add_argument("--rect", action="store_true", help="rectangular training")
+    p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the most recent or a given run")
+    p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
+    p.add_argument("--noval", action="store_true", help="only validate the final epoch")
+    p.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
+    p.add_argument("--noplots", action="store_true", help="save no plot files")
+    p.add_argument("--evolve", type=int, nargs="?", const=300, help="evolve hyperparameters for N generations")
+    p.add_argument("--cache", type=str, nargs="?", const="ram", help="cache images in 'ram' (default) or 'disk'")
+    p.add_argument("--image-weights", action="store_true", help="sample images by class rarity")
+    p.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    p.add_argument("--multi-scale", action="store_true", help="vary image size +/- 50%%")
+    p.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
+    p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW"], default="SGD", help="optimizer")
+    p.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
+    p.add_argument("--workers", type=int, default=8, help="max dataloader workers (per rank in DDP mode)")
+    p.add_argument("--project", default=str(ROOT / "runs" / "train"), help="save to project/name")
+    p.add_argument("--name", default="exp", help="save to project/name")
+    p.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
+    p.add_argument("--quad", action="store_true", help="quad dataloader")
+    p.add_argument("--cos-lr", action="store_true", help="cosine LR scheduler")
+    p.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon")
+    p.add_argument("--patience", type=int, default=100, help="EarlyStopping patience (epochs without improvement)")
+    p.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze layers: backbone=10, first3=0 1 2")
+    p.add_argument("--save-period", type=int, default=-1, help="save a checkpoint every x epochs (disabled if < 1)")
+    p.add_argument("--save-interval", type=float, default=30.0,
+                   help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
+    p.add_argument("--seed", type=int, default=0, help="global training seed")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="DDP rank (torchrun sets LOCAL_RANK)")
+    p.add_argument("--deterministic", nargs="?", const="scoped", default="off", choices=DETERMINISM_MODES,
+                   help="determinism mode; bare flag = scoped (see docs/determinism.md)")
+    return p
+
+
+def explicit_flags(argv) -> dict:
+    """The options the user actually typed (to report conflicts with a resumed checkpoint)."""
+    parser = build_parser(argument_default=argparse.SUPPRESS)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_known_args(argv)[0])
+
+
+# ---------------------------------------------------------------------------------------- options
+
+
+def resolve_options(opt, argv=None):
+    """Check the flags, resolve --resume, and choose the run folder. Returns (opt, resume_ckpt)."""
+    if opt.resume and not opt.evolve:
+        return resume_options(opt, argv)
+    if not opt.cfg and not opt.weights:
+        raise UserError("--cfg is required when training from scratch (--weights ''), e.g. --cfg models/ffca-yolo.yaml")
+    for flag in ("cfg", "hyp", "weights"):
+        value = getattr(opt, flag)
+        if value and not Path(value).is_file():
+            raise UserError(f"--{flag} {value}: file not found")
+    if opt.epochs < 1:
+        raise UserError(f"--epochs {opt.epochs}: must be at least 1")
+    if opt.batch_size == 0 or opt.batch_size < -1:
+        raise UserError(f"--batch-size {opt.batch_size}: must be positive, or -1 for AutoBatch")
+    if opt.cache not in (None, "ram", "disk"):
+        raise UserError(f"--cache {opt.cache}: use 'ram' or 'disk'")
+    parent = "evolve" if opt.evolve else None
+    project = Path(opt.project).parent / parent if parent and opt.project == str(ROOT / "runs" / "train") else Path(opt.project)
+    opt.save_dir = str(increment_path(project / opt.name, exist_ok=opt.exist_ok))
+    return opt, None
+
+
+def latest_checkpoint(search_dir: Path = ROOT / "runs") -> Path:
+    """The most recently written last.pt under ``search_dir``."""
+    candidates = sorted(search_dir.glob("**/last.pt"), key=os.path.getmtime)
+    if not candidates:
+        raise UserError(f"--resume: no last.pt found under {search_dir}; pass the checkpoint path explicitly")
+    return candidates[-1]
+
+
+def resume_options(opt, argv=None):
+    """Load the checkpoint named by --resume (or the latest) and restore its options."""
+    path = Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint()
+    if path.is_dir():
+        path = path / "weights" / "last.pt"
+    ckpt = load_checkpoint(path)
+    if ckpt.get("finished") or "optimizer" not in ckpt or ckpt.get("optimizer") is None:
+        raise UserError(f"--resume {path}: that run finished; there is nothing to resume "
+                        "(start a new run with --weights to fine-tune from it)")
+    saved = argparse.Namespace(**ckpt["opt"])
+    may_differ = {"device", "workers", "local_rank", "resume", "save_interval"}
+    typed = explicit_flags(sys.argv[1:] if argv is None else argv)
+    for key, value in typed.items():
+        if key in may_differ or not hasattr(saved, key):
+            continue
+        if getattr(saved, key) != value:
+            LOGGER.warning(f"--resume: --{key.replace('_', '-')} {value} conflicts with the checkpoint's "
+                           f"{getattr(saved, key)!r}; the checkpoint's value is used")
+    for key in may_differ - {"resume"}:
+        if key in typed:
+            setattr(saved, key, typed[key])
+    saved.resume = str(path)
+    saved.weights = str(path)
+    saved.save_dir = str(path.parent.parent)
+    return saved, ckpt
+
+
+def load_hyp(opt) -> dict:
+    hyp = yaml_load(opt.hyp) if isinstance(opt.hyp, (str, Path)) else dict(opt.hyp)
+    hyp.setdefault("label_smoothing", opt.label_smoothing)
+    return hyp
+
+
+# ---------------------------------------------------------------------------------------- build
+
+
+def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
+    """Build the model from --cfg (or the checkpoint's config) and load weights when given."""
+    if resume_ckpt is not None:
+        model = Model(resume_ckpt["model_cfg"], ch=3, nc=resume_ckpt["nc"]).to(device)
+        model.load_state_dict(float_state(resume_ckpt["model"]))
+    elif opt.weights:
+        ckpt = load_checkpoint(opt.weights)
+        cfg = opt.cfg or ckpt["model_cfg"]
+        model = Model(cfg, ch=3, nc=nc, anchors=hyp.get("anchors")).to(device)
+        source = float_state(ckpt.get("ema") or ckpt["model"])
+        exclude = ["anchor"] if (opt.cfg or hyp.get("anchors")) else []
+        matched = intersect_dicts(source, model.state_dict(), exclude=exclude)
+        model.load_state_dict(matched, strict=False)
+        LOGGER.info(f"Transferred {len(matched)}/{len(model.state_dict())} items from {opt.weights}")
+    else:
+        model = Model(opt.cfg, ch=3, nc=nc, anchors=hyp.get("anchors")).to(device)
+    model.names = list(names)
+    model.nc = nc
+    return model
+
+
+def freeze_layers(model, freeze: list) -> list:
+    """Freeze ``--freeze N`` (first N layers) or ``--freeze i j k`` (those layers). Returns frozen prefixes."""
+    indices = freeze if len(freeze) > 1 else range(freeze[0])
+    prefixes = [f"model.{i}." for i in indices]
+    for name, param in model.named_parameters():
+        param.requires_grad = True
+        if any(name.startswith(prefix) for prefix in prefixes):
+            param.requires_grad = False
+    if prefixes:
+        LOGGER.info(f"Freezing {len(prefixes)} layers: {', '.join(p.rstrip('.') for p in prefixes)}")
+    return prefixes
+
+
+def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int) -> dict:
+    """YOLOv5's loss-gain scaling by number of detection layers, classes and image size."""
+    hyp = dict(hyp)
+    hyp["box"] *= 3 / nl
+    hyp["cls"] *= nc / 80 * 3 / nl
+    hyp["obj"] *= (imgsz / 640) ** 2 * 3 / nl
+    return hyp
+
+
+def write_run_header(save_dir: Path, opt, hyp: dict) -> None:
+    """hyp.yaml, opt.yaml and environment.yaml: what is needed to rerun or explain this run."""
+    yaml_save(save_dir / "hyp.yaml", hyp)
+    yaml_save(save_dir / "opt.yaml", plain_opt(opt))
+    yaml_save(save_dir / "environment.yaml", environment_report())
+
+
+def run_start_up_audit(policy, model, imgsz: int, device) -> dict | None:
+    """Run the op audit before the first batch when determinism is on; let the policy act on it."""
+    if policy.mode == "off":
+        return None
+    report = audit_model(model, imgsz=min(imgsz, 256), device=device, batch_size=1)
+    LOGGER.info(f"{colorstr('determinism: ')}{policy.adopt_audit(report)}")
+    return report.to_dict()
+
+
+# ---------------------------------------------------------------------------------------- train
+
+
+def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
+    """Train one model; returns the final (P, R, mAP50, mAP50-95, box, obj, cls) of the last validation."""
+    hyp = dict(hyp)
+    save_dir = Path(opt.save_dir)
+    weights_dir = save_dir / "weights"
+    main_process = dist.is_main
+    policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
+    plots = not opt.evolve and not opt.noplots
+    if main_process:
+        weights_dir.mkdir(parents=True, exist_ok=True)
+        write_run_header(save_dir, opt, hyp)
+    LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
+
+    data_dict = check_dataset(opt.data)
+    nc, names = (1, ["item"]) if opt.single_cls else (int(data_dict["nc"]), list(data_dict["names"]))
+    model = build_model(opt, hyp, nc, names, device, resume_ckpt)
+    freeze_layers(model, opt.freeze)
+    amp = check_amp(model)
+    grid_size = max(int(model.stride.max()), 32)
+    imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
+    batch_size = check_train_batch_size(model, imgsz, amp) if opt.batch_size == -1 else opt.batch_size
+    per_rank_batch = check_ddp_batch(batch_size, dist.world_size) if dist.enabled else batch_size
+
+    train_loader, dataset, val_loader = build_loaders(data_dict, imgsz, per_rank_batch, grid_size, hyp, opt, dist)
+    check_label_classes(dataset, nc, opt.data)
+    if resume_ckpt is None:
+        prepare_new_run(dataset, model, hyp, imgsz, opt, names, save_dir, plots and main_process)
+
+    loop = TrainLoop(model, hyp, opt, device, dist, policy, amp, batch_size, nc, imgsz)
+    audit = run_start_up_audit(policy, model, imgsz, device)
+    results_log = ResultsLog(save_dir / "results.csv")
+    if resume_ckpt is not None:
+        loop.restore(resume_ckpt)
+        results_log.truncate(loop.start_epoch)
+        LOGGER.info(f"Resuming {opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
+    loop.wrap_ddp()
+    if main_process:
+        write_json(save_dir / "determinism.json", determinism_report(
+            policy=policy, audit=audit, opt=opt, dist=dist, dataset=dataset, device=device))
+    if resume_ckpt is not None:
+        set_rng_state(resume_ckpt["rng"])  # last: start-up work above may have drawn random numbers
+
+    results, last_epoch = loop.run(train_loader, val_loader, data_dict, names, per_rank_batch, save_dir,
+                                   results_log, plots)
+    if loop.interrupted:
+        exit_after_interrupt(loop.interrupt_code, f"python train.py --resume {weights_dir / 'last.pt'}",
+                             show=main_process)
+    if main_process:
+        LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
+        checksum = state_dict_sha256(loop.ema.ema.state_dict())
+        results = finish_run(save_dir, data_dict, names, imgsz, per_rank_batch, opt, device, plots, results)
+        record_checksum(save_dir, checksum)
+        LOGGER.info(f"Final EMA weights sha256: {checksum}")
+        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}")
+    barrier(dist)
+    return results
+
+
+def build_loaders(data_dict, imgsz, batch_size, grid_size, hyp, opt, dist):
+    """Training loader (sharded under DDP) and, on the main process, the validation loader."""
+    train_loader, dataset = create_dataloader(
+        data_dict["train"], imgsz, batch_size, grid_size, single_cls=opt.single_cls, hyp=hyp, augment=True,
+        cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
+        image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed)
+    val_loader = None
+    if dist.is_main:
+        val_loader = create_dataloader(
+            data_dict["val"], imgsz, batch_size * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
+            cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
+            prefix=colorstr("val: "), seed=opt.seed)[0]
+    return train_loader, dataset, val_loader
+
+
+def check_label_classes(dataset, nc: int, data_file) -> None:
+    max_class = max((int(lb[:, 0].max()) for lb in dataset.labels if len(lb)), default=-1)
+    if max_class >= nc:
+        raise UserError(f"{data_file}: label class {max_class} exceeds nc={nc}; fix the labels or the names list")
+
+
+def prepare_new_run(dataset, model, hyp, imgsz, opt, names, save_dir, plots: bool) -> None:
+    """AutoAnchor (anchors then live in the model, so checkpoints carry them) and labels.jpg."""
+    if not opt.noautoanchor:
+        check_anchors(dataset, model=model, thr=hyp["anchor_t"], imgsz=imgsz, seed=opt.seed)
+    elif isinstance(model.yaml.get("anchors"), int):
+        LOGGER.warning("--noautoanchor with 'anchors: N' in the model YAML: training with placeholder anchors")
+    if plots:
+        labels = [lb for lb in dataset.labels if len(lb)]
+        plot_labels(np.concatenate(labels, 0) if labels else np.zeros((0, 5)), names, save_dir)
+
+
+class TrainLoop:
+    """The optimisation loop and its state (model, EMA, optimizer, scheduler, scaler, early stopping)."""
+
+    def __init__(self, model, hyp, opt, device, dist, policy, amp, batch_size, nc, imgsz):
+        self.opt, self.device, self.dist, self.policy, self.amp, self.imgsz = opt, device, dist, policy, amp, imgsz
+        self.model = model
+        self.hyp_for_checkpoint = dict(hyp)
+        hyp = dict(hyp)
+        self.accumulate_nbs = max(round(NOMINAL_BATCH / batch_size), 1)
+        hyp["weight_decay"] *= batch_size * self.accumulate_nbs / NOMINAL_BATCH
+        self.optimizer = smart_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
+        self.lf = lr_lambda(hyp["lrf"], opt.epochs, opt.cos_lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
+        self.ema = ModelEMA(model) if dist.is_main else None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
+        self.stopper = EarlyStopping(patience=opt.patience)
+        nl = model.model[-1].nl
+        self.hyp = scale_loss_gains(hyp, nl, nc, imgsz)
+        model.hyp = self.hyp
+        self.grid_size = max(int(model.stride.max()), 32)
+        self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step = 0, 0, 0.0, -1
+        self.mloss = torch.zeros(3, device=device)
+        self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
+
+    def restore(self, ckpt) -> None:
+        (self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step,
+         self.mloss) = restore_training_state(
+            ckpt, model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler,
+            scaler=self.scaler, stopper=self.stopper, device=self.device)
+
+    def wrap_ddp(self) -> None:
+        if not self.dist.enabled:
+            return
+        if self.opt.sync_bn:
+            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model).to(self.device)
+            LOGGER.info("Using SyncBatchNorm()")
+        cuda = self.device.type == "cuda"
+        self.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
+                         output_device=self.dist.local_rank if cuda else None)
+
+    def state(self, position) -> dict:
+        return training_state(
+            model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
+            stopper=self.stopper, position=position, best_fitness=self.best_fitness,
+            last_opt_step=self.last_opt_step, mloss=self.mloss, opt=self.opt, hyp=self.hyp_for_checkpoint)
+
+    def run(self, train_loader, val_loader, data_dict, names, batch_size, save_dir, results_log, plots):
+        """All epochs; returns (last validation results, last epoch index)."""
+        opt, main = self.opt, self.dist.is_main
+        saver = CheckpointSaver(save_dir / "weights" / "last.pt", save_dir / "weights" / "best.pt",
+                                save_dir / "weights", opt.save_period, opt.save_interval)
+        compute_loss = ComputeLoss(de_parallel(self.model))
+        nb = len(train_loader)
+        self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
+        results = (0, 0, 0, 0, 0, 0, 0)
+        LOGGER.info(f"Image sizes {self.imgsz} train, {self.imgsz} val\n"
+                    f"Using {train_loader.num_workers} dataloader workers\n"
+                    f"Logging results to {colorstr('bold', save_dir)}\nStarting training for {opt.epochs} epochs...")
+        t0 = time.time()
+        epoch = self.start_epoch
+        with GracefulInterrupt() as interrupt:
+            for epoch in range(self.start_epoch, opt.epochs):
+                first_batch = self.start_batch if epoch == self.start_epoch else 0
+                finished = self.train_epoch(train_loader, epoch, first_batch, nb, compute_loss, interrupt, saver,
+                                            names, save_dir, plots)
+                if not finished:
+                    break
+                lr = [group["lr"] for group in self.optimizer.param_groups]
+                self.scheduler.step()
+                stop = False
+                if main:
+                    results, stop = self.end_epoch(epoch, lr, val_loader, data_dict, names, batch_size, save_dir,
+                                                   compute_loss, results_log, saver)
+                stop = bool(broadcast_object(stop, self.dist))
+                if self.interrupted or stop:
+                    break
+            self.interrupt_code = interrupt.exit_code
+        if self.interrupted and finished and epoch + 1 == opt.epochs:
+            self.interrupted = False  # the signal came during the last batch: the run is complete
+        self.elapsed_hours = (time.time() - t0) / 3600
+        return results, epoch
+
+    def train_epoch(self, loader, epoch, first_batch, nb, compute_loss, interrupt, saver, names, save_dir, plots):
+        """One epoch from ``first_batch``; False if an interrupt stopped it before its last batch."""
+        opt, main, device = self.opt, self.dist.is_main, self.device
+        self.model.train()
+        if first_batch == 0:
+            self.mloss = torch.zeros(3, device=device)
+        loader.set_epoch(epoch, start_batch=first_batch)
+        if main:
+            LOGGER.info(("\n" + "%11s" * 7) % ("Epoch", "GPU_mem", "box_loss", "obj_loss", "cls_loss",
+                                              "Instances", "Size"))
+        pbar = tqdm(enumerate(loader, start=first_batch), total=nb, initial=first_batch, disable=not main,
+                    bar_format="{l_bar}{bar:10}{r_bar}")
+        for i, (imgs, targets, paths, _) in pbar:
+            loss_items = self.train_step(imgs, targets, epoch, i, nb, compute_loss)
+            self.mloss = (self.mloss * i + loss_items) / (i + 1)
+            if main:
+                memory = f"{torch.cuda.memory_reserved() / 1e9 if torch.cuda.is_available() else 0:.3g}G"
+                pbar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
+                    f"{epoch}/{opt.epochs - 1}", memory, *self.mloss, targets.shape[0], imgs.shape[-1]))
+                if plots and epoch == 0 and i < 3:
+                    plot_images(imgs, targets, paths, save_dir / f"train_batch{i}.jpg", names)
+            self.interrupted = any_rank_flag(bool(interrupt.requested), self.dist)
+            if i + 1 < nb and (self.interrupted or (saver.interval_due() and not opt.nosave)):
+                if main:
+                    saver.save_last(self.state((epoch, i + 1)))
+                if self.interrupted:
+                    return False
+        return True
+
+    def train_step(self, imgs, targets, epoch, i, nb, compute_loss):
+        """Forward, scoped backward, and an optimizer step when enough gradient has accumulated."""
+        ni = i + nb * epoch
+        imgs = imgs.to(self.device, non_blocking=True).float() / 255
+        accumulate = self.accumulate_nbs
+        if ni < self.n_warmup:
+            accumulate = apply_warmup(self.optimizer, ni, self.n_warmup, epoch, self.lf, self.hyp, self.accumulate_nbs)
+        if self.opt.multi_scale:
+            imgs = random_rescale(imgs, self.imgsz, self.grid_size, self.opt.seed, epoch, i)
+        with torch.autocast(self.device.type, enabled=self.amp):
+            pred = self.model(imgs)
+            loss, loss_items = compute_loss(pred, targets.to(self.device))
+            if self.dist.enabled:
+                loss *= self.dist.world_size
+            if self.opt.quad:
+                loss *= 4.0
+        with self.policy.backward_scope():
+            self.scaler.scale(loss).backward()
+        if ni - self.last_opt_step >= accumulate:
+            optimizer_step(self.model, self.optimizer, self.scaler, self.ema)
+            self.last_opt_step = ni
+        return loss_items
+
+    def end_epoch(self, epoch, lr, val_loader, data_dict, names, batch_size, save_dir, compute_loss, results_log,
+                  saver):
+        """Validate, log results.csv, early-stop check, save checkpoints (main process only)."""
+        opt = self.opt
+        self.ema.update_attr(self.model, include=["yaml", "nc", "hyp", "names", "stride"])
+        final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
+        results, maps = (0, 0, 0, 0, 0, 0, 0), None
+        if not opt.noval or final_epoch:
+            results, maps, _ = validate.run(
+                data_dict, batch_size=batch_size, imgsz=self.imgsz, half=self.amp, model=self.ema.ema,
+                single_cls=opt.single_cls, dataloader=val_loader, save_dir=save_dir, plots=False,
+                compute_loss=compute_loss, names=names)
+        fi = float(fitness(np.array(results).reshape(1, -1)))
+        stop = self.stopper(epoch=epoch, fitness=fi)
+        improved = fi > self.best_fitness
+        self.best_fitness = max(self.best_fitness, fi)
+        results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
+        if not opt.nosave or final_epoch or stop or self.interrupted:
+            saver.save_epoch(self.state((epoch + 1, 0)), epoch, improved)
+        return results, stop
+
+
+def random_rescale(imgs: torch.Tensor, imgsz: int, grid_size: int, seed: int, epoch: int, i: int) -> torch.Tensor:
+    """Multi-scale: resize the batch to a size in [0.5, 1.5]·imgsz drawn from (seed, epoch, batch)."""
+    rng = np.random.default_rng([seed, epoch, i, 1])
+    size = int(rng.integers(int(imgsz * 0.5), int(imgsz * 1.5) + grid_size)) // grid_size * grid_size
+    factor = size / max(imgs.shape[2:])
+    if factor == 1:
+        return imgs
+    new_shape = [math.ceil(x * factor / grid_size) * grid_size for x in imgs.shape[2:]]
+    return F.interpolate(imgs, size=new_shape, mode="bilinear", align_corners=False)
+
+
+def optimizer_step(model, optimizer, scaler, ema) -> None:
+    """Unscale, clip gradients at 10, step, update the scaler and the EMA."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    if ema:
+        ema.update(model)
+
+
+def finish_run(save_dir, data_dict, names, imgsz, batch_size, opt, device, plots, results):
+    """Strip checkpoints for inference, validate best.pt with plots, draw results.png."""
+    last, best = save_dir / "weights" / "last.pt", save_dir / "weights" / "best.pt"
+    for f in (last, best):
+        if f.exists():
+            strip_optimizer(f)
+    final = best if best.exists() else last
+    if final.exists() and not opt.evolve:
+        LOGGER.info(f"\nValidating {final}...")
+        model = attempt_load(final, device=device, fuse=True)
+        results, _, _ = validate.run(
+            data_dict, batch_size=batch_size * 2, imgsz=imgsz, model=model, half=False, single_cls=opt.single_cls,
+            save_dir=save_dir, plots=plots, verbose=len(names) < 50, names=names)
+    if plots:
+        plot_results(save_dir / "results.csv")
+    return results
+
+
+# ---------------------------------------------------------------------------------------- evolve
+
+
+def evolve(hyp: dict, opt, device, dist: DistInfo):
+    """Hyperparameter evolution: N generations of mutation, each a short training run."""
+    from utils import evolve as evo
+
+    if dist.enabled:
+        raise UserError("--evolve is not supported with DDP; run it on one device")
+    save_dir = Path(opt.save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    evolve_csv = save_dir / "evolve.csv"
+    opt.noval, opt.nosave, opt.noplots = True, True, True
+    base = deepcopy(hyp)
+    for generation in range(opt.evolve):
+        rng = np.random.default_rng([opt.seed, generation])
+        trial = evo.mutate_hyp(base, evolve_csv, rng) if evolve_csv.exists() else deepcopy(base)
+        trial_opt = deepcopy(opt)
+        trial_opt.save_dir = str(save_dir / f"gen{generation}")
+        results = train(deepcopy(trial), trial_opt, device, dist)
+        evo.append_evolve_row(evolve_csv, results, trial)
+        LOGGER.info(f"Generation {generation + 1}/{opt.evolve} done: {results}")
+    evo.best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
+    evo.plot_evolve(evolve_csv)
+    LOGGER.info(f"Hyperparameter evolution finished; best hyperparameters in {save_dir / 'hyp_evolve.yaml'}")
+
+
+# ---------------------------------------------------------------------------------------- main
+
+
+def main(opt, argv=None):
+    """Resolve options, set up devices (and DDP), then train or evolve."""
+    dist = dist_info_from_env(opt.local_rank)
+    opt, resume_ckpt = resolve_options(opt, argv)
+    hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
+    device = select_device(opt.device, batch_size=opt.batch_size)
+    if dist.enabled:
+        if opt.batch_size != -1:
+            check_ddp_batch(opt.batch_size, dist.world_size)
+        device = torch.device("cuda", dist.local_rank) if device.type == "cuda" else torch.device("cpu")
+        init_process_group(dist, device)
+    try:
+        if opt.evolve:
+            return evolve(hyp, opt, device, dist)
+        return train(hyp, opt, device, dist, resume_ckpt)
+    finally:
+        destroy_process_group(dist)
+
+
+def run(**kwargs):
+    """Python API: ``train.run(data='data/shapes.yaml', cfg='models/ffca-yolo-n.yaml', imgsz=256)``."""
+    opt = parse_opt([])
+    for key, value in kwargs.items():
+        setattr(opt, key, value)
+    return main(opt, argv=[])
+
+
+@exit_on_user_error
+def cli():
+    main(parse_opt())
+
+
+if __name__ == "__main__":
+    cli()

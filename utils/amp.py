@@ -1,0 +1,34 @@
+"""Mixed precision: AMP is used on CUDA only, and only after it is shown to give fp32's detections."""
+
+import torch
+
+from utils.logging import LOGGER, colorstr
+
+
+def check_amp(model, imgsz: int = 256, atol: float = 0.1) -> bool:
+    """Compare fp32 and autocast eval outputs of ``model`` on a fixed input; True if AMP is safe.
+
+    Runs on the model's own device; returns False (AMP off) on CPU or when outputs diverge,
+    which catches GPUs and drivers whose fp16 kernels are broken.
+    """
+    device = next(model.parameters()).device
+    prefix = colorstr("AMP: ")
+    if device.type != "cuda":
+        return False
+    generator = torch.Generator().manual_seed(0)
+    im = torch.rand(1, 3, imgsz, imgsz, generator=generator).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            reference = model(im)[0].float()
+            with torch.autocast("cuda"):
+                mixed = model(im)[0].float()
+        ok = reference.shape == mixed.shape and torch.allclose(reference[..., 4], mixed[..., 4], atol=atol)
+    except Exception as e:  # a broken fp16 kernel raises here instead of returning wrong numbers
+        LOGGER.warning(f"{prefix}check failed ({e}); training in fp32")
+        ok = False
+    finally:
+        model.train(was_training)
+    LOGGER.info(f"{prefix}{'checks passed' if ok else 'outputs differ from fp32; AMP disabled'}")
+    return ok

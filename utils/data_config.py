@@ -1,0 +1,136 @@
+"""Data set YAML (YOLOv5's schema): parse, validate, resolve paths, generate the embedded data set.
+
+Schema: ``path`` (root), ``train``, ``val``, optional ``test`` (each a folder of images, a ``.txt``
+list of image paths, or a list of these, relative to the root unless absolute), ``names`` (a list
+or an ``{id: name}`` mapping), optional ``nc``. A relative ``path`` resolves against the YAML's own
+folder first, then the working directory. ``generate: shapes`` builds this project's synthetic data
+set when it is missing; a ``download:`` key is never executed.
+"""
+
+import importlib.util
+from pathlib import Path
+
+from utils.errors import UserError
+from utils.files import yaml_load
+from utils.logging import LOGGER
+
+ROOT = Path(__file__).resolve().parents[1]
+SPLITS = ("train", "val", "test")
+# generators this project ships, by the name a YAML's ``generate:`` key uses
+GENERATORS = {"shapes": ROOT / "data" / "scripts" / "make_shapes.py"}
+
+
+def _parse_names(names, yaml_file) -> list:
+    """``names`` as a list or an ``{0: a, 1: b}`` mapping -> list of str (ids must be 0..n-1)."""
+    if isinstance(names, dict):
+        try:
+            ids = sorted(int(k) for k in names)
+        except (TypeError, ValueError):
+            raise UserError(f"{yaml_file}: 'names' keys must be integer class ids, got {list(names)}") from None
+        if ids != list(range(len(ids))):
+            raise UserError(f"{yaml_file}: 'names' ids must be 0..{len(ids) - 1} without gaps, got {ids}")
+        names = [names[k] if k in names else names[str(k)] for k in ids]
+    if not isinstance(names, list) or not names:
+        raise UserError(f"{yaml_file}: 'names' must be a non-empty list or an {{id: name}} mapping, got {names!r}")
+    return [str(n) for n in names]
+
+
+def _resolve_root(root, yaml_file: Path) -> Path:
+    """The data set root: absolute as given; relative -> the YAML's folder if it exists there, else the CWD.
+
+    When neither exists the YAML-relative location is returned, so a generator builds it there.
+    """
+    root = Path(root if root is not None else "")
+    if root.is_absolute():
+        return root
+    beside_yaml = (yaml_file.parent / root).resolve()
+    from_cwd = (Path.cwd() / root).resolve()
+    if beside_yaml.exists() or not from_cwd.exists():
+        return beside_yaml
+    return from_cwd
+
+
+def _resolve_split(value, root: Path, key: str, yaml_file: Path):
+    """A split entry (str or list of str) -> absolute path string(s)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise UserError(f"{yaml_file}: '{key}' is an empty list; give a folder of images or a .txt list")
+        return [str(_absolute(v, root, key, yaml_file)) for v in value]
+    return str(_absolute(value, root, key, yaml_file))
+
+
+def _absolute(value, root: Path, key: str, yaml_file: Path) -> Path:
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise UserError(f"{yaml_file}: '{key}' must be a folder, a .txt file or a list of them, got {value!r}")
+    p = Path(str(value).strip())
+    return p if p.is_absolute() else (root / p).resolve()
+
+
+def _missing_paths(data: dict) -> list:
+    """``[(key, path), ...]`` for every split path that does not exist."""
+    missing = []
+    for key in SPLITS:
+        value = data.get(key)
+        if value is None:
+            continue
+        for p in value if isinstance(value, list) else [value]:
+            if not Path(p).exists():
+                missing.append((key, p))
+    return missing
+
+
+def _run_generator(name, root: Path, yaml_file: Path) -> None:
+    """Build a data set with one of this project's own generators (never an arbitrary command)."""
+    script = GENERATORS.get(str(name))
+    if script is None:
+        raise UserError(f"{yaml_file}: 'generate: {name}' is not a known generator; use one of {sorted(GENERATORS)}")
+    spec = importlib.util.spec_from_file_location(f"_generator_{name}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    LOGGER.info(f"Data set {root} not found, generating it with {script.relative_to(ROOT)} ...")
+    try:
+        module.make_shapes(root)
+    except FileExistsError as e:
+        raise UserError(f"{yaml_file}: cannot generate the data set: {e}") from None
+
+
+def check_dataset(path) -> dict:
+    """Load and validate a data set YAML (or an already-loaded dict); generate its data if declared.
+
+    Returns the YAML's dict with ``path`` (absolute str), ``train``, ``val``, optional ``test``
+    (absolute path strings or lists of them), ``nc`` (int), ``names`` (list of str) and
+    ``yaml_file`` (str). Every problem is a UserError naming the file, the key and the path.
+    """
+    if isinstance(path, dict):
+        data, yaml_file = dict(path), Path(path.get("yaml_file") or Path.cwd() / "data.yaml")
+    else:
+        yaml_file = Path(path).resolve()
+        if yaml_file.suffix not in (".yaml", ".yml"):
+            raise UserError(f"--data {path}: expected a data set .yaml file")
+        data = yaml_load(yaml_file)
+    for key in ("train", "val", "names"):
+        if data.get(key) in (None, ""):
+            raise UserError(f"{yaml_file}: missing key '{key}' (see docs/data.md for the data set YAML schema)")
+    names = _parse_names(data["names"], yaml_file)
+    if data.get("nc") is not None and data["nc"] != len(names):
+        raise UserError(f"{yaml_file}: nc={data['nc']} but 'names' has {len(names)} entries; make them agree")
+    root = _resolve_root(data.get("path"), yaml_file)
+    data.update(path=str(root), nc=len(names), names=names, yaml_file=str(yaml_file))
+    for key in SPLITS:
+        if data.get(key) not in (None, ""):
+            data[key] = _resolve_split(data[key], root, key, yaml_file)
+        else:
+            data.pop(key, None)
+
+    missing = _missing_paths(data)
+    if missing and data.get("generate"):
+        _run_generator(data["generate"], root, yaml_file)
+        missing = _missing_paths(data)
+    if missing:
+        key, p = missing[0]
+        if data.get("download"):
+            raise UserError(f"{yaml_file}: '{key}' path {p} not found; this YAML has a 'download:' entry, which is "
+                            f"never run automatically: download the data set yourself into {root}")
+        raise UserError(f"{yaml_file}: '{key}' path {p} does not exist (root 'path' resolved to {root}); "
+                        f"fix the YAML or create the folder")
+    return data

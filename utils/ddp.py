@@ -1,0 +1,88 @@
+"""DistributedDataParallel plumbing for ``torchrun`` launches (NCCL on CUDA, gloo on CPU)."""
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from utils.errors import UserError
+
+# A rank that dies must not leave the others waiting forever at a barrier.
+PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=float(os.getenv("FFCA_DDP_TIMEOUT_MIN", "30")))
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job: ``rank == -1`` means no DDP."""
+
+    rank: int = -1
+    local_rank: int = -1
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank in (-1, 0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank != -1
+
+
+def dist_info_from_env(local_rank_flag: int = -1) -> DistInfo:
+    """Read ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set by torchrun (``--local_rank`` as fallback)."""
+    world_size = int(os.getenv("WORLD_SIZE", 1))
+    if world_size <= 1:
+        return DistInfo()
+    local_rank = int(os.getenv("LOCAL_RANK", local_rank_flag))
+    rank = int(os.getenv("RANK", local_rank))
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
+
+
+def check_ddp_batch(batch_size: int, world_size: int) -> int:
+    """Total ``--batch-size`` → per-rank batch size; it must divide evenly by the world size."""
+    if batch_size == -1:
+        raise UserError("--batch-size -1 (AutoBatch) is not supported with DDP; give a total batch size "
+                        f"that is a multiple of the world size {world_size}")
+    if batch_size % world_size:
+        raise UserError(f"--batch-size {batch_size} must be a multiple of the world size {world_size} "
+                        f"(e.g. {max(world_size, batch_size // world_size * world_size)})")
+    return batch_size // world_size
+
+
+def init_process_group(info: DistInfo, device: torch.device) -> None:
+    """Start the process group: NCCL for CUDA devices, gloo for CPU, with a bounded timeout."""
+    backend = "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, timeout=PROCESS_GROUP_TIMEOUT)
+
+
+def barrier(info: DistInfo) -> None:
+    """Wait for every rank (no-op without DDP)."""
+    if info.enabled and dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj, info: DistInfo, src: int = 0):
+    """Send ``obj`` (picklable plain data) from rank ``src`` to every rank."""
+    if not (info.enabled and dist.is_initialized()):
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def destroy_process_group(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def any_rank_flag(flag: bool, info: DistInfo) -> bool:
+    """True if ``flag`` is set on any rank, so every rank stops at the same batch."""
+    if not (info.enabled and dist.is_initialized()):
+        return flag
+    tensor = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())

@@ -1,0 +1,673 @@
+"""PyTorch helpers: device selection, EMA, optimizer groups, model info, RNG state, and the determinism policy.
+
+This module is the one home of determinism in the project. The policy has four modes
+(``off``, ``warn``, ``scoped``, ``strict``; see :func:`configure_determinism`), a backward
+scope that can relax ``torch.use_deterministic_algorithms`` for the backward pass only, and an
+op audit (:func:`audit_model`) that predicts from any device which ops of a model will fail
+under determinism on CUDA. ``python -m utils.torch_utils --audit --cfg MODEL.yaml`` prints it.
+"""
+
+import argparse
+import contextlib
+import math
+import os
+import random
+import re
+import sys
+import threading
+import time
+import warnings
+from copy import deepcopy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from utils.errors import UserError
+from utils.logging import LOGGER, colorstr
+
+LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))  # set by torch.distributed.run; -1 outside DDP
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+def _parse_device_request(device) -> str:
+    """Normalise a ``--device`` value: ``'cuda:0'`` -> ``'0'``, ``None``/``'none'`` -> ``''``."""
+    request = str(device if device is not None else "").strip().lower()
+    request = request.replace("cuda:", "").replace(" ", "")
+    return "" if request == "none" else request
+
+
+def _cuda_ids(request: str) -> list[int]:
+    """``'0,1'`` -> ``[0, 1]``; anything that is not a list of distinct indices is a UserError."""
+    parts = request.split(",")
+    if not all(p.isdigit() for p in parts):
+        raise UserError(f"--device {request!r}: expected 'cpu', a CUDA index such as 0, "
+                        "or a comma-separated list such as 0,1")
+    ids = [int(p) for p in parts]
+    if len(set(ids)) != len(ids):
+        raise UserError(f"--device {request!r}: a CUDA index is listed twice; list each GPU once")
+    return ids
+
+
+def _describe_cuda(index: int) -> str:
+    """``'CUDA:0 (NVIDIA H200, 143771MiB)'`` for the visible device ``index``."""
+    props = torch.cuda.get_device_properties(index)
+    return f"CUDA:{index} ({props.name}, {props.total_memory / (1 << 20):.0f}MiB)"
+
+
+def select_device(device="", batch_size: int = 0) -> torch.device:
+    """Turn a ``--device`` value into a ``torch.device`` (YOLOv5 semantics).
+
+    ``'cpu'`` -> CPU; ``'0'`` or ``'0,1'`` -> those CUDA devices; ``''`` -> ``cuda:0`` when CUDA is
+    available, else CPU. Under DDP (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th
+    listed GPU. When CUDA is not yet initialised, an explicit GPU list is exported as
+    ``CUDA_VISIBLE_DEVICES`` (so child processes and DDP ranks see the same GPUs) and indices are
+    renumbered from 0; once CUDA is initialised the variable would have no effect, so it is left
+    alone and the physical index is used. CPU requests never touch the variable, because hiding
+    GPUs would leak into everything else running in this process.
+    Invalid requests and a ``batch_size`` not divisible by the GPU count raise UserError.
+    """
+    request = _parse_device_request(device)
+    header = f"Python-{sys.version.split()[0]} torch-{torch.__version__} "
+    if request == "cpu" or (request == "" and not torch.cuda.is_available()):
+        LOGGER.info(f"{header}CPU")
+        return torch.device("cpu")
+    if request == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise UserError("--device mps: Apple MPS is not available on this machine; use --device cpu")
+        LOGGER.info(f"{header}MPS")
+        return torch.device("mps")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {device!r}: CUDA is not available on this machine "
+                        f"(torch {torch.__version__}); use --device cpu")
+    ids = _cuda_ids(request) if request else [0]
+    available = torch.cuda.device_count()
+    if max(ids) >= available:
+        raise UserError(f"--device {device!r}: this machine has {available} visible CUDA device(s) "
+                        f"(indices 0..{available - 1}); choose among them")
+    if len(ids) > 1 and batch_size > 0 and batch_size % len(ids):
+        raise UserError(f"--batch-size {batch_size} is not a multiple of the {len(ids)} GPUs in "
+                        f"--device {device}; use a multiple of {len(ids)}")
+    slot = max(LOCAL_RANK, 0)
+    if slot >= len(ids):
+        raise UserError(f"--device {device!r}: LOCAL_RANK {LOCAL_RANK} needs at least {slot + 1} GPUs "
+                        "in --device; list one GPU per process")
+    if request and not torch.cuda.is_initialized():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
+        ids = list(range(len(ids)))
+    LOGGER.info(header + ", ".join(_describe_cuda(i) for i in ids))
+    return torch.device("cuda", ids[slot])
+
+
+def time_sync() -> float:
+    """Seconds from a monotonic clock, after waiting for queued CUDA work (accurate GPU timing)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+@contextlib.contextmanager
+def torch_distributed_zero_first(local_rank: int):
+    """Let local rank 0 run the block first (e.g. caching a data set); the other ranks wait, then run it."""
+    barrier_args = {}
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        barrier_args = {"device_ids": [max(local_rank, 0)]}
+    if local_rank not in (-1, 0):
+        dist.barrier(**barrier_args)
+    yield
+    if local_rank == 0:
+        dist.barrier(**barrier_args)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def is_parallel(model) -> bool:
+    """True for ``nn.DataParallel`` / ``DistributedDataParallel`` wrappers."""
+    return isinstance(model, (nn.parallel.DataParallel, nn.parallel.DistributedDataParallel))
+
+
+def de_parallel(model) -> nn.Module:
+    """The bare model inside a DP/DDP wrapper (the model itself otherwise)."""
+    return model.module if is_parallel(model) else model
+
+
+def intersect_dicts(da: dict, db: dict, exclude=()) -> dict:
+    """Entries of ``da`` whose key is in ``db`` with the same shape and contains no ``exclude`` substring."""
+    return {k: v for k, v in da.items()
+            if k in db and not any(x in k for x in exclude) and v.shape == db[k].shape}
+
+
+def _input_channels(model: nn.Module) -> int:
+    """Input channels: ``model.yaml['ch']`` when present, else the first conv weight's dim 1."""
+    yaml_dict = getattr(model, "yaml", None)
+    if isinstance(yaml_dict, dict) and isinstance(yaml_dict.get("ch"), int):
+        return yaml_dict["ch"]
+    for p in model.parameters():
+        if p.dim() == 4:
+            return p.shape[1]
+    return 3
+
+
+def _gflops(model: nn.Module, imgsz) -> float | None:
+    """GFLOPs at ``imgsz`` (int or (h, w)), profiled on a copy at the model's max stride and scaled.
+
+    Profiling at a small size keeps this cheap; conv FLOPs scale with the pixel count.
+    Returns None when thop is missing or the model cannot be profiled at that size.
+    """
+    try:
+        import thop
+    except ImportError:
+        return None
+    try:
+        p = next(model.parameters())
+        stride = max(int(model.stride.max()), 32) if hasattr(model, "stride") else 32
+        im = torch.zeros((1, _input_channels(model), stride, stride), device=p.device, dtype=p.dtype)
+        with torch.no_grad():
+            macs = thop.profile(deepcopy(model), inputs=(im,), verbose=False)[0]
+    except Exception as e:  # thop fails on unusual modules; the summary is still useful without FLOPs
+        LOGGER.debug(f"model_info: FLOPs not computed ({type(e).__name__}: {e})")
+        return None
+    h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
+    return macs * 2 / 1e9 * (h / stride) * (w / stride)
+
+
+def model_info(model: nn.Module, verbose: bool = False, imgsz=640) -> tuple:
+    """Log ``NAME summary: L layers, P parameters, G gradients, X GFLOPs``; return ``(L, P, G, X)``.
+
+    ``X`` is None when FLOPs could not be computed (the log line then omits it).
+    """
+    params = list(model.parameters())
+    n_params = sum(p.numel() for p in params)
+    n_grads = sum(p.numel() for p in params if p.requires_grad)
+    n_layers = len(list(model.modules()))
+    if verbose:
+        LOGGER.info(f"{'layer':>5} {'name':>40} {'gradient':>9} {'parameters':>12} {'shape':>20}")
+        for i, (name, p) in enumerate(model.named_parameters()):
+            LOGGER.info(f"{i:5g} {name:>40} {str(p.requires_grad):>9} {p.numel():12g} {str(list(p.shape)):>20}")
+    gflops = _gflops(model, imgsz)
+    yaml_file = getattr(model, "yaml_file", None) or (getattr(model, "yaml", None) or {}).get("yaml_file")
+    name = Path(yaml_file).stem if yaml_file else type(model).__name__
+    flops_text = f", {gflops:.1f} GFLOPs" if gflops is not None else ""
+    LOGGER.info(f"{name} summary: {n_layers} layers, {n_params} parameters, {n_grads} gradients{flops_text}")
+    return n_layers, n_params, n_grads, gflops
+
+
+class ModelEMA:
+    """Exponential moving average of a model's state (YOLOv5's ModelEMA).
+
+    ``ema = decay * (1 - exp(-updates / tau))`` ramps the decay up from 0, so early weights are
+    forgotten quickly. The copy ``.ema`` is fp32, in eval mode, and has no gradients.
+    """
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0):
+        self.ema = deepcopy(de_parallel(model)).float().eval()
+        self.updates = updates
+        self.decay_max = decay
+        self.tau = tau
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    def decay(self, updates: int) -> float:
+        """The ramped decay after ``updates`` updates."""
+        return self.decay_max * (1 - math.exp(-updates / self.tau))
+
+    def update(self, model: nn.Module) -> None:
+        """Blend the model's floating-point state into ``.ema``: ``ema = d * ema + (1 - d) * model``."""
+        self.updates += 1
+        d = self.decay(self.updates)
+        model_state = de_parallel(model).state_dict()
+        with torch.no_grad():
+            for k, v in self.ema.state_dict().items():
+                if v.dtype.is_floating_point:
+                    v.mul_(d).add_(model_state[k].detach().to(v.dtype), alpha=1 - d)
+
+    def update_attr(self, model: nn.Module, include=(), exclude=("process_group", "reducer")) -> None:
+        """Copy plain attributes (e.g. ``names``, ``nc``, ``hyp``) from ``model`` to ``.ema``."""
+        for k, v in de_parallel(model).__dict__.items():
+            if (include and k not in include) or k.startswith("_") or k in exclude:
+                continue
+            setattr(self.ema, k, v)
+
+
+def smart_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.001, momentum: float = 0.9,
+                    decay: float = 1e-5) -> torch.optim.Optimizer:
+    """An optimizer with YOLOv5's three parameter groups.
+
+    Group 0: biases (no weight decay); group 1: other weights (``weight_decay=decay``);
+    group 2: normalisation-layer weights (no decay). Warm-up code relies on group 0 being biases.
+    SGD uses Nesterov momentum; Adam/AdamW use ``betas=(momentum, 0.999)``.
+    """
+    norm_types = tuple(v for k, v in nn.__dict__.items() if "Norm" in k and isinstance(v, type))
+    biases, weights, norm_weights = [], [], []
+    for module in model.modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            if p_name == "bias":
+                biases.append(p)
+            elif p_name == "weight" and isinstance(module, norm_types):
+                norm_weights.append(p)
+            else:
+                weights.append(p)
+    key = str(name).lower()
+    if key == "sgd":
+        optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+    elif key == "adam":
+        optimizer = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999))
+    elif key == "adamw":
+        optimizer = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    else:
+        raise UserError(f"--optimizer {name!r}: unknown optimizer; choose SGD, Adam or AdamW")
+    optimizer.add_param_group({"params": weights, "weight_decay": decay})
+    optimizer.add_param_group({"params": norm_weights, "weight_decay": 0.0})
+    LOGGER.info(f"{colorstr('optimizer:')} {type(optimizer).__name__}(lr={lr}) with parameter groups "
+                f"{len(norm_weights)} weight(decay=0.0), {len(weights)} weight(decay={decay}), {len(biases)} bias")
+    return optimizer
+
+
+class EarlyStopping:
+    """Stop when fitness has not improved for ``patience`` epochs (0 disables); state survives resume."""
+
+    def __init__(self, patience: int = 30):
+        self.patience = patience
+        self.best_fitness = 0.0
+        self.best_epoch = 0
+        self.possible_stop = False  # True when the next epoch without improvement stops training
+
+    def __call__(self, epoch: int, fitness: float) -> bool:
+        """Record ``fitness`` for ``epoch``; return True when training should stop."""
+        fitness = float(fitness)
+        if fitness >= self.best_fitness:  # >= so a plateau at the start (fitness 0) counts as progress
+            self.best_epoch = epoch
+            self.best_fitness = fitness
+        limit = self.patience or float("inf")
+        waited = epoch - self.best_epoch
+        self.possible_stop = waited >= limit - 1
+        stop = waited >= limit
+        if stop:
+            LOGGER.info(f"Stopping training early: no improvement in the last {self.patience} epochs; "
+                        f"best results at epoch {self.best_epoch}. Use --patience 0 to disable, "
+                        "or e.g. --patience 300 to wait longer.")
+        return stop
+
+    def state_dict(self) -> dict:
+        """Plain data for a checkpoint."""
+        return {"patience": self.patience, "best_fitness": self.best_fitness,
+                "best_epoch": self.best_epoch, "possible_stop": self.possible_stop}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict` output (patience comes from the current run's flag)."""
+        self.best_fitness = float(state["best_fitness"])
+        self.best_epoch = int(state["best_epoch"])
+        self.possible_stop = bool(state["possible_stop"])
+
+
+# ----------------------------------------------------------------------------- RNG state and seeding
+
+
+def get_rng_state() -> dict:
+    """Every RNG stream as plain data that survives ``torch.save`` + ``torch.load(weights_only=True)``.
+
+    Keys: ``python`` ([version, 625 ints, gauss_next]), ``numpy`` ([name, 624 ints, pos,
+    has_gauss, cached_gaussian]), ``torch`` (uint8 CPU tensor), ``cuda`` (one uint8 tensor per
+    device; empty when CUDA is not initialised, since then no CUDA stream has been drawn from
+    and initialising it here would allocate a context on every GPU).
+    """
+    py_version, py_internal, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
+    cuda_states = []
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda_states = [s.clone() for s in torch.cuda.get_rng_state_all()]
+    return {
+        "python": [py_version, list(py_internal), py_gauss],
+        "numpy": [np_name, [int(k) for k in np_keys], int(np_pos), int(np_has_gauss), float(np_cached)],
+        "torch": torch.get_rng_state().clone(),
+        "cuda": cuda_states,
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore streams saved by :func:`get_rng_state`; a malformed state is a UserError."""
+    try:
+        py_version, py_internal, py_gauss = state["python"]
+        random.setstate((int(py_version), tuple(int(v) for v in py_internal), py_gauss))
+        np_name, np_keys, np_pos, np_has_gauss, np_cached = state["numpy"]
+        np.random.set_state((np_name, np.asarray(np_keys, dtype=np.uint32), int(np_pos),
+                             int(np_has_gauss), float(np_cached)))
+        torch.set_rng_state(state["torch"].cpu().to(torch.uint8))
+        cuda_states = state.get("cuda") or []
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"RNG state in the checkpoint is malformed ({type(e).__name__}: {e}); "
+                        "the checkpoint was not written by this project's train.py") from None
+    if cuda_states and torch.cuda.is_available():
+        if len(cuda_states) != torch.cuda.device_count():
+            LOGGER.warning(f"WARNING: checkpoint holds RNG state for {len(cuda_states)} CUDA devices, "
+                           f"this machine has {torch.cuda.device_count()}; restoring the common ones")
+        for index, s in enumerate(cuda_states[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu().to(torch.uint8), index)
+
+
+def _seed_everything(seed: int) -> None:
+    """Seed Python ``random``, NumPy, torch CPU and every CUDA device (lazily, if CUDA is not up yet)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also queues the seed for every CUDA device
+    torch.cuda.manual_seed_all(seed)
+
+
+def init_seeds(seed: int = 0, deterministic: bool = False) -> "DeterminismPolicy":
+    """YOLOv5-style entry: seed everything; ``deterministic=True`` means mode ``strict``, else ``off``."""
+    return configure_determinism("strict" if deterministic else "off", seed)
+
+
+# ----------------------------------------------------------------------------- determinism policy
+
+MODES = ("off", "warn", "scoped", "strict")
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+_CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")  # the two settings NVIDIA documents as deterministic
+
+
+def _algorithm_flags() -> tuple[bool, bool]:
+    """``(use_deterministic_algorithms enabled, warn_only)`` right now."""
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+@contextlib.contextmanager
+def temporary_determinism(flag: bool = False, warn_only: bool = False):
+    """Set ``torch.use_deterministic_algorithms(flag, warn_only=warn_only)`` inside the block.
+
+    On exit, also when the block raises, the previous mode *and* the previous ``warn_only`` come
+    back exactly, so nested blocks unwind level by level.
+    """
+    previous_mode, previous_warn_only = _algorithm_flags()
+    torch.use_deterministic_algorithms(flag, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous_mode, warn_only=previous_warn_only)
+
+
+def determinism_state() -> dict:
+    """The process-wide determinism settings as plain data (for reports and the environment dump)."""
+    enabled, warn_only = _algorithm_flags()
+    fill_memory = getattr(getattr(torch.utils, "deterministic", None), "fill_uninitialized_memory", None)
+    return {
+        "deterministic_algorithms": enabled,
+        "warn_only": warn_only,
+        "debug_mode": torch.get_deterministic_debug_mode(),  # 0 off, 1 warn, 2 error
+        "fill_uninitialized_memory": fill_memory,
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
+    }
+
+
+def _ensure_cublas_workspace() -> None:
+    """Export ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS is only deterministic with it).
+
+    cuBLAS reads the variable when CUDA creates its handles, so it must be set before any CUDA
+    work; if CUDA is already initialised with another value, say that setting it now is too late.
+    """
+    current = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if current in _CUBLAS_DETERMINISTIC_VALUES:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        LOGGER.warning(f"WARNING: CUDA was initialised with CUBLAS_WORKSPACE_CONFIG={current}; setting "
+                       f"{CUBLAS_WORKSPACE_CONFIG} now has no effect on cuBLAS in this process. Export "
+                       f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE_CONFIG} before starting Python.")
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
+
+
+def _check_mode(mode) -> str:
+    """Normalise a ``--deterministic`` value (bools map to strict/off); unknown values are a UserError."""
+    if isinstance(mode, bool) or mode is None:
+        return "strict" if mode else "off"
+    key = str(mode).strip().lower()
+    if key not in MODES:
+        raise UserError(f"--deterministic {mode!r}: unknown mode; choose one of {', '.join(MODES)}")
+    return key
+
+
+def _check_seed(seed) -> int:
+    """A seed NumPy accepts: an int in [0, 2**32)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2 ** 32:
+        raise UserError(f"--seed {seed!r}: expected an integer from 0 to {2 ** 32 - 1}")
+    return int(seed)
+
+
+@dataclass
+class DeterminismPolicy:
+    """The run's determinism mode, made by :func:`configure_determinism`; train.py consults it.
+
+    ``relax_backward`` says whether :meth:`backward_scope` switches determinism off around the
+    backward pass; it is only ever True in ``scoped`` mode (True until an audit says otherwise).
+    """
+
+    mode: str
+    seed: int
+    rank: int = -1
+    relax_backward: bool = False
+    audit_summary: str | None = None
+    audit: dict | None = None
+
+    def backward_scope(self):
+        """Context manager for ``loss.backward()``: relaxes determinism only in scoped mode when needed.
+
+        cuDNN stays deterministic; mode and ``warn_only`` are restored exactly, also on exceptions.
+        """
+        if self.mode == "scoped" and self.relax_backward:
+            return temporary_determinism(False)
+        return contextlib.nullcontext()
+
+    def adopt_audit(self, report: "AuditReport") -> str:
+        """Apply an :func:`audit_model` report to this run and return one line to log.
+
+        ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
+        UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
+        only if backward ops need it; forward ops cannot be relaxed and are called out.
+        """
+        failing = report.applicable()
+        backward = [f for f in failing if f.phase == "backward"]
+        forward = [f for f in failing if f.phase == "forward"]
+        if self.mode == "strict" and failing:
+            raise UserError(_strict_failure_message(report.device, failing))
+        if self.mode == "scoped":
+            self.relax_backward = bool(backward)
+        summary = _adoption_summary(self.mode, report, backward, forward, self.relax_backward)
+        if self.mode == "scoped" and forward:
+            LOGGER.warning(f"WARNING: {summary}")
+        self.audit_summary = summary
+        self.audit = report.to_dict()
+        return summary
+
+    def state(self) -> dict:
+        """Plain data for the run's determinism report: the mode, the seed and every global flag."""
+        return {"mode": self.mode, "seed": self.seed, "rank": self.rank,
+                "relax_backward": self.relax_backward, **determinism_state(),
+                "audit_summary": self.audit_summary, "audit": self.audit}
+
+
+def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> DeterminismPolicy:
+    """The single entry point: seed every RNG and set the determinism mode process-wide.
+
+    Modes (``--deterministic``):
+
+    - ``off``: seeds set, fastest kernels, ``cudnn.benchmark`` on.
+    - ``warn``: ``use_deterministic_algorithms(True, warn_only=True)``; torch warns at every op
+      without a deterministic implementation and nothing stops.
+    - ``scoped``: deterministic everywhere, but :meth:`DeterminismPolicy.backward_scope` may relax
+      the backward pass (after an audit, only if a backward op needs it).
+    - ``strict``: deterministic everywhere; such an op raises RuntimeError.
+
+    All modes but ``off`` turn on ``cudnn.deterministic`` (benchmark off) and export
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``. Every rank uses the same ``seed``: DDP broadcasts rank 0's
+    weights anyway, and per-rank randomness (augmentation) comes from the data loader, which
+    seeds by (seed, epoch, rank) itself; ``rank`` is recorded for the report.
+    ``PYTHONHASHSEED`` only takes effect when the interpreter starts, so it is recorded, never set
+    here; export it in the launcher (shell, Dockerfile) if set/dict ordering of strings matters.
+    """
+    mode = _check_mode(mode)
+    seed = _check_seed(seed)
+    deterministic = mode != "off"
+    if deterministic:
+        _ensure_cublas_workspace()
+    _seed_everything(seed)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.use_deterministic_algorithms(deterministic, warn_only=mode == "warn")
+    return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
+
+
+def _finding_text(f: "Finding") -> str:
+    """``adaptive_max_pool2d_backward (backward, model.9 (SCAM))``."""
+    return f"{f.op} ({f.phase}, {f.module})"
+
+
+def _strict_failure_message(device: str, failing: list) -> str:
+    """One line: what fails under strict on ``device`` and the ways out."""
+    ops = "; ".join(_finding_text(f) for f in failing)
+    return (f"--deterministic strict: {len(failing)} op(s) of this model have no deterministic "
+            f"implementation on {device}: {ops}. Ways out: --deterministic scoped (relaxes only the "
+            "backward pass), --deterministic warn (reports and continues), or replace the module with "
+            "a deterministic one; see docs/determinism.md")
+
+
+def _adoption_summary(mode: str, report: "AuditReport", backward: list, forward: list, relax: bool) -> str:
+    """The line train.py logs after adopting an audit."""
+    where = report.device
+    if not report.findings:
+        return f"determinism audit ({mode}): clean on {where}; full determinism kept"
+    elsewhere = [f for f in report.findings if f not in backward and f not in forward]
+    parts = [f"determinism audit ({mode}) on {where}:"]
+    if backward:
+        verb = "backward relaxed because of" if relax else "non-deterministic backward ops:"
+        parts.append(f"{verb} {', '.join(_finding_text(f) for f in backward)}.")
+    if forward:
+        parts.append(f"forward ops the backward scope cannot fix (use --deterministic warn or replace the "
+                     f"module): {', '.join(_finding_text(f) for f in forward)}.")
+    if elsewhere:
+        parts.append(f"would fail on {'/'.join(sorted({d for f in elsewhere for d in f.devices}))} only: "
+                     f"{', '.join(_finding_text(f) for f in elsewhere)}.")
+    if not backward and not forward:
+        parts.append("nothing to relax here; full determinism kept.")
+    return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------- the op table
+
+CUDA_ONLY = ("cuda",)
+CPU_AND_CUDA = ("cpu", "cuda")
+
+
+def _argument_is(name: str, expected) -> Callable[[str, dict], bool]:
+    """Condition: the op's argument ``name`` equals ``expected``."""
+    return lambda overload, arguments: arguments.get(name) == expected
+
+
+@dataclass(frozen=True)
+class NondeterministicOp:
+    """One row of the op table: aten ops torch documents as throwing under determinism.
+
+    ``doc_names`` are the names used in ``torch.use_deterministic_algorithms.__doc__``'s
+    "will throw a RuntimeError" list; ``aten`` the overload packets the audit sees at dispatch
+    (backward kernels for "when attempting to differentiate"); ``devices`` where it throws;
+    ``applies(overload, arguments)`` narrows argument-dependent rows (None: always).
+    """
+
+    doc_names: tuple
+    aten: tuple
+    devices: tuple
+    condition: str = ""
+    applies: Callable[[str, dict], bool] | None = None
+
+    @property
+    def reason(self) -> str:
+        """Human-readable source of the row, e.g. ``torch.Tensor.put_ with accumulate=False``."""
+        return " / ".join(self.doc_names) + (f" with {self.condition}" if self.condition else "")
+
+
+# Built from torch.use_deterministic_algorithms.__doc__ (torch 2.x); tests/test_determinism.py
+# cross-checks it against the installed torch in both directions, so an upgrade that adds or
+# retires an entry fails the suite. Ops torch documents as switching to a deterministic
+# algorithm (index_add, scatter_add_, cumsum, ...) are not failures and are not listed.
+NONDETERMINISTIC_OPS = (
+    NondeterministicOp(("torch.nn.AvgPool3d",), ("avg_pool3d_backward",), CUDA_ONLY),
+    NondeterministicOp(("torch.nn.AdaptiveAvgPool2d",), ("_adaptive_avg_pool2d_backward",), CUDA_ONLY),
+    NondeterministicOp(("torch.nn.AdaptiveAvgPool3d",),
+                       ("_adaptive_avg_pool3d_backward", "adaptive_avg_pool3d_backward"), CUDA_ONLY),
+    NondeterministicOp(("torch.nn.AdaptiveMaxPool2d",), ("adaptive_max_pool2d_backward",), CUDA_ONLY),
+    NondeterministicOp(("torch.nn.FractionalMaxPool2d",), ("fractional_max_pool2d_backward",), CUDA_ONLY),
+    NondeterministicOp(("torch.nn.FractionalMaxPool3d",), ("fractional_max_pool3d_backward",), CUDA_ONLY),
+    # MaxUnpool1d runs on the 2-D kernel; unpooling throws on every device, forward included.
+    NondeterministicOp(("torch.nn.MaxUnpool1d", "torch.nn.MaxUnpool2d"), ("max_unpool2d",), CPU_AND_CUDA),
+    NondeterministicOp(("torch.nn.MaxUnpool3d",), ("max_unpool3d",), CPU_AND_CUDA),
+    NondeterministicOp(("torch.nn.functional.interpolate",),
+                       ("upsample_linear1d_backward", "upsample_bilinear2d_backward",
+                        "upsample_bicubic2d_backward", "upsample_trilinear3d_backward"),
+                       CUDA_ONLY, "mode linear, bilinear, bicubic or trilinear"),
+    NondeterministicOp(("torch.nn.ReflectionPad1d", "torch.nn.ReflectionPad2d", "torch.nn.ReflectionPad3d"),
+                       ("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward"),
+                       CUDA_ONLY),
+    # Only the image-shaped (2-D target) NLL kernel accumulates with atomics in ATen.
+    NondeterministicOp(("torch.nn.NLLLoss",), ("nll_loss2d_forward",), CUDA_ONLY),
+    NondeterministicOp(("torch.nn.CTCLoss",), ("_ctc_loss_backward",), CUDA_ONLY),
+    # aten encodes EmbeddingBag's mode as an int: 0 sum, 1 mean, 2 max.
+    NondeterministicOp(("torch.nn.EmbeddingBag",), ("_embedding_bag_backward", "_embedding_bag_dense_backward"),
+                       CUDA_ONLY, "mode='max'", _argument_is("mode", 2)),
+    NondeterministicOp(("torch.Tensor.put_",), ("put_", "put"), CPU_AND_CUDA, "accumulate=False",
+                       _argument_is("accumulate", False)),
+    NondeterministicOp(("torch.Tensor.put_",), ("put_", "put"), CUDA_ONLY, "accumulate=True",
+                       _argument_is("accumulate", True)),
+    NondeterministicOp(("torch.histc",), ("histc",), CUDA_ONLY),
+    NondeterministicOp(("torch.bincount",), ("bincount",), CUDA_ONLY, "weights",
+                       lambda overload, arguments: arguments.get("weights") is not None),
+    # nanmedian shares median's CUDA kernel for the indices output; the plain overload has none.
+    NondeterministicOp(("torch.median",), ("median", "nanmedian"), CUDA_ONLY, "indices output",
+                       lambda overload, arguments: overload != "default"),
+    NondeterministicOp(("torch.nn.functional.grid_sample",),
+                       ("grid_sampler_2d_backward", "grid_sampler_3d_backward"), CUDA_ONLY),
+    NondeterministicOp(("torch.Tensor.scatter_reduce",), ("scatter_reduce", "scatter_reduce_"), CUDA_ONLY,
+                       "reduce='prod'", _argument_is("reduce", "prod")),
+)
+
+# Documented entries the audit deliberately does not check, with the reason.
+EXEMPT_DOC_NAMES = {
+    "torch.Tensor.resize_": "throws only for quantized tensors, which training never uses",
+}
+
+_ROWS_BY_ATEN: dict[str, list] = {}
+for _row in NONDETERMINISTIC_OPS:
+    for _name in _row.aten:
+        _ROWS_BY_ATEN.setdefault(_name, []).append(_row)
+
+
+def _named_arguments(func, args: tuple, kwargs: dict) -> dict:
+    """An aten call's arguments by schema name, defaults filled in (e.g. ``accumulate=False``)."""
+    named = {}
+    for i, schema_arg in enumerate(func._schema.arguments):
+        if i < len(args):
+            named[schema_arg.name] = args[i]
+        elif schema_arg.name in kwargs:
+            named[schema_arg.name] = kwargs[schema_arg.name]
+        elif schema_arg.has_default_value():
+            named[schema_arg.name] = schema_arg.default_value
+    return named
+
+
+def match_nondeterministic(func, args: tuple = (), kwargs: dict | None = None) -> NondeterministicOp | None:
+    """The table row an aten call falls under, or None when it is deterministic everywhere."""
+    rows = _ROWS_BY_ATEN.get(func.overloadpacket.__name__)
+    if not rows:
+        return None
+    overload = func._overloadname
+    arguments = _named_arguments(func, args, kwargs or {})
+    for row in rows:
+        if row.applies is None or row.applies(overload, arguments):
+            return row
+    return None
