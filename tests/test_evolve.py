@@ -111,7 +111,8 @@ def test_continuing_run_appends_and_checks_columns(tmp_path):
 
 def test_plot_evolve_writes_png(tmp_path):
     path = tmp_path / "evolve.csv"
-    write_generations(path, [(dict(BASE_HYP, lr0=0.01 + 0.001 * i), 0.5, 0.3 + 0.01 * i) for i in range(4)])
+    few = [({"lr0": 0.01 + 0.001 * i, "mosaic": 1.0 - 0.1 * i, "scale": 0.5}, 0.5, 0.3 + 0.01 * i) for i in range(4)]
+    write_generations(path, few)  # three hyperparameters keep the figure (and the test) small
     out = plot_evolve(path)
     assert out == tmp_path / "evolve.png"
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000

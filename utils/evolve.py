@@ -222,7 +222,7 @@ def plot_evolve(evolve_csv) -> Path:
             ax.set_ylabel("fitness", fontsize=7)
     out = path.with_name("evolve.png")
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=150)
+    fig.savefig(buffer, format="png", dpi=120)
     atomic_write_bytes(out, buffer.getvalue())
     LOGGER.info(f"{PREFIX}saved {out}")
     return out

@@ -671,3 +671,328 @@ def match_nondeterministic(func, args: tuple = (), kwargs: dict | None = None) -
         if row.applies is None or row.applies(overload, arguments):
             return row
     return None
+
+
+# ----------------------------------------------------------------------------- the op audit
+
+_MODULE_KEY = "determinism_audit_module"  # key in autograd Node.metadata
+_OUTSIDE_MODEL = "(outside the model)"
+_TORCH_ALERT = " does not have a deterministic implementation"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """An op without a deterministic implementation on ``devices``, as issued by ``module`` in ``phase``."""
+
+    op: str
+    phase: str  # "forward" or "backward"
+    module: str  # e.g. "model.24 (SCAM)"
+    devices: tuple
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        """Plain data."""
+        return {"op": self.op, "phase": self.phase, "module": self.module,
+                "devices": list(self.devices), "reason": self.reason}
+
+
+@dataclass
+class AuditReport:
+    """What :func:`audit_model` saw: table findings plus, from the real run, what torch warned about."""
+
+    device: str
+    imgsz: int
+    findings: list = field(default_factory=list)
+    torch_flagged: list = field(default_factory=list)  # [{"op", "phase", "message"}]
+    op_counts: dict = field(default_factory=dict)  # {"forward": n, "backward": n}
+    torch_version: str = torch.__version__
+
+    @property
+    def clean(self) -> bool:
+        """True when no op of the model lacks a deterministic implementation on CPU or CUDA."""
+        return not self.findings and not self.torch_flagged
+
+    def applicable(self) -> list:
+        """Findings that fail on the audited device, plus torch's own flags the table did not explain."""
+        device_type = torch.device(self.device).type
+        failing = [f for f in self.findings if device_type in f.devices]
+        explained = {f.op for f in failing}
+        for flag in self.torch_flagged:
+            if not any(flag["op"].startswith(op) for op in explained):
+                failing.append(Finding(flag["op"], flag["phase"], "(reported by torch)", (device_type,),
+                                       flag["message"]))
+        return failing
+
+    def format(self) -> str:
+        """A human-readable multi-line report."""
+        counted = ", ".join(f"{n} {phase}" for phase, n in self.op_counts.items())
+        lines = [f"Determinism audit at {self.imgsz}x{self.imgsz} on {self.device} (torch {self.torch_version}): "
+                 f"{counted} aten ops recorded"]
+        if self.findings:
+            op_width = max(len("op"), *(len(f.op) for f in self.findings)) + 2
+            module_width = max(len("module"), *(len(f.module) for f in self.findings)) + 2
+            lines.append(f"  {'op':<{op_width}}{'phase':<10}{'fails on':<10}{'module':<{module_width}}documented as")
+            for f in self.findings:
+                lines.append(f"  {f.op:<{op_width}}{f.phase:<10}{'/'.join(f.devices):<10}"
+                             f"{f.module:<{module_width}}{f.reason}")
+        for flag in self.torch_flagged:
+            lines.append(f"  torch itself flagged on {self.device} in {flag['phase']}: {flag['message']}")
+        if self.clean:
+            lines.append("Result: clean; every op has a deterministic implementation on CPU and CUDA, "
+                         "so --deterministic strict keeps full determinism.")
+        else:
+            lines.append(f"Result: {len(self.findings)} op(s) without a deterministic implementation. Under "
+                         "--deterministic strict these ops stop training on the devices listed; scoped "
+                         "relaxes backward ops only; warn reports them. See docs/determinism.md")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """Plain data for the run's determinism report."""
+        return {"device": self.device, "imgsz": self.imgsz, "torch_version": self.torch_version,
+                "clean": self.clean, "findings": [f.to_dict() for f in self.findings],
+                "torch_flagged": [dict(flag) for flag in self.torch_flagged], "op_counts": dict(self.op_counts)}
+
+
+def _tensors_in(obj) -> list:
+    """Every tensor inside nested tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors_in(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors_in(item)]
+    return []
+
+
+def _next_sequence_nr() -> int:
+    """The sequence number the next autograd node created on this thread will get.
+
+    Nodes are numbered in creation order per thread, so a module's own nodes are exactly those
+    numbered between its pre-hook and its post-hook.
+    """
+    with torch.enable_grad():
+        probe = torch.zeros((), requires_grad=True).view(())
+    return probe.grad_fn._sequence_nr() + 1
+
+
+class _ModuleTracker:
+    """Forward hooks on every module: a stack of active module paths, and autograd-node tagging.
+
+    After a module's forward, its new autograd nodes (those created since its pre-hook, not yet
+    claimed by an inner module) get the module path in ``Node.metadata``, which the backward pass
+    reads through ``torch._C._current_autograd_node()``.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.stack: list[tuple[str, int]] = []  # (module path, first sequence number)
+        self.paused = False  # True while the hooks themselves run ops
+        self.handles = []
+        for name, module in model.named_modules():
+            label = f"{name} ({type(module).__name__})" if name else type(module).__name__
+            self.handles.append(module.register_forward_pre_hook(self._enter(label)))
+            self.handles.append(module.register_forward_hook(self._leave, always_call=True))
+
+    def current(self) -> str:
+        """The innermost active module path."""
+        return self.stack[-1][0] if self.stack else _OUTSIDE_MODEL
+
+    def _enter(self, label: str):
+        def hook(module, args):
+            self.paused = True
+            try:
+                self.stack.append((label, _next_sequence_nr()))
+            finally:
+                self.paused = False
+        return hook
+
+    def _leave(self, module, args, output):
+        label, first = self.stack.pop()
+        pending = [t.grad_fn for t in _tensors_in(output) if t.grad_fn is not None]
+        seen = set()
+        while pending:
+            node = pending.pop()
+            if node is None or node in seen or _MODULE_KEY in node.metadata:
+                continue
+            seen.add(node)
+            if type(node).__name__ == "AccumulateGrad" or node._sequence_nr() < first:
+                continue  # a leaf, or a node made before this module ran
+            node.metadata[_MODULE_KEY] = label
+            pending.extend(next_node for next_node, _ in node.next_functions)
+
+    def remove(self) -> None:
+        """Detach every hook."""
+        for handle in self.handles:
+            handle.remove()
+
+
+def _dispatch_mode_base():
+    """``TorchDispatchMode`` (imported lazily: a private torch module, needed only by the audit)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    return TorchDispatchMode
+
+
+def _make_recorder(tracker: _ModuleTracker):
+    """A TorchDispatchMode that counts every aten op and keeps the table's findings with their module."""
+
+    class OpRecorder(_dispatch_mode_base()):
+        def __init__(self):
+            super().__init__()
+            self.phase = "forward"
+            self.findings: dict = {}
+            self.op_counts = {"forward": 0, "backward": 0}
+            self.lock = threading.Lock()  # CUDA backward runs on autograd worker threads
+
+        def _module(self) -> str:
+            if self.phase == "forward":
+                return tracker.current()
+            node = torch._C._current_autograd_node()
+            return node.metadata.get(_MODULE_KEY, _OUTSIDE_MODEL) if node is not None else _OUTSIDE_MODEL
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if not tracker.paused:
+                row = match_nondeterministic(func, args, kwargs)
+                with self.lock:
+                    self.op_counts[self.phase] += 1
+                    if row is not None:
+                        finding = Finding(func.overloadpacket.__name__, self.phase, self._module(),
+                                          row.devices, row.reason)
+                        self.findings.setdefault((finding.op, finding.phase, finding.module), finding)
+            return func(*args, **kwargs)
+
+    return OpRecorder()
+
+
+def _sum_outputs(output) -> torch.Tensor | None:
+    """Sum of every floating output that requires grad (a loss for any output structure), or None."""
+    parts = [t.float().sum() for t in _tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    return torch.stack(parts).sum() if parts else None
+
+
+def _torch_flags(caught: list, phase: str) -> list:
+    """torch's 'does not have a deterministic implementation' warnings as ``{op, phase, message}``."""
+    flags = []
+    for w in caught:
+        message = str(w.message).strip().splitlines()[0]
+        if _TORCH_ALERT in message:
+            op = message.split(_TORCH_ALERT)[0].strip()
+            flags.append({"op": op, "phase": phase, "message": f"{op}{_TORCH_ALERT}"})
+    return flags
+
+
+@contextlib.contextmanager
+def _model_preserved(model: nn.Module):
+    """Restore parameters, buffers (BN running stats), gradients, train/eval flags and RNG streams on exit."""
+    saved_state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    saved_grads = {p: p.grad for p in model.parameters()}
+    saved_training = {m: m.training for m in model.modules()}
+    saved_rng = get_rng_state()
+    for p in model.parameters():
+        p.grad = None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for k, v in model.state_dict(keep_vars=True).items():
+                v.copy_(saved_state[k])
+        for p, grad in saved_grads.items():
+            p.grad = grad
+        for m, training in saved_training.items():
+            m.training = training
+        set_rng_state(saved_rng)
+
+
+def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int = 1,
+                ch: int | None = None) -> AuditReport:
+    """Run one train-mode forward and backward on a ``(batch_size, ch, imgsz, imgsz)`` input and audit it.
+
+    Every aten op is recorded under a TorchDispatchMode; ops in :data:`NONDETERMINISTIC_OPS` become
+    findings with their phase and the innermost module that issued them (the predictive part:
+    valid for CUDA even when run on a CPU). The pass runs under
+    ``use_deterministic_algorithms(True, warn_only=True)``, so ``torch_flagged`` holds what torch
+    itself reports on this device. The loss is the sum of all outputs. The model's parameters,
+    buffers, gradients, train/eval flags and the RNG streams are restored afterwards, so auditing
+    does not change a training run. ``model`` must already be on ``device``.
+    """
+    device = torch.device(device)
+    channels = ch or _input_channels(model)
+    generator = torch.Generator().manual_seed(0)  # the input must not draw from the global stream
+    image = torch.rand((batch_size, channels, imgsz, imgsz), generator=generator).to(device)
+    tracker = _ModuleTracker(model)
+    recorder = _make_recorder(tracker)
+    flags = []
+    try:
+        with _model_preserved(model), temporary_determinism(True, warn_only=True):
+            model.train()
+            with warnings.catch_warnings(record=True) as caught, recorder:
+                warnings.simplefilter("always")
+                loss = _sum_outputs(model(image))
+            flags += _torch_flags(caught, "forward")
+            if loss is not None:
+                with warnings.catch_warnings(record=True) as caught, recorder:
+                    warnings.simplefilter("always")
+                    recorder.phase = "backward"
+                    loss.backward()
+                flags += _torch_flags(caught, "backward")
+    finally:
+        tracker.remove()
+    unique_flags = list({(f["op"], f["phase"]): f for f in flags}.values())
+    return AuditReport(device=str(device), imgsz=imgsz, findings=list(recorder.findings.values()),
+                       torch_flagged=unique_flags, op_counts=dict(recorder.op_counts))
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
+
+    def error(self, message):
+        raise UserError(f"{message}; see python -m utils.torch_utils --help")
+
+
+def _parse_cli(argv) -> argparse.Namespace:
+    """Parse and validate the audit command's flags."""
+    parser = _ArgumentParser(prog="python -m utils.torch_utils",
+                             description="Audit a model for ops without a deterministic implementation.")
+    parser.add_argument("--audit", action="store_true", help="run the determinism op audit")
+    parser.add_argument("--cfg", type=str, help="model YAML, e.g. models/ffca-yolo.yaml")
+    parser.add_argument("--imgsz", type=int, default=256, help="square input size in pixels")
+    parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
+    parser.add_argument("--batch-size", type=int, default=1, help="audit batch size")
+    opt = parser.parse_args(argv)
+    if not opt.audit:
+        raise UserError("nothing to do: pass --audit --cfg MODEL.yaml")
+    if not opt.cfg:
+        raise UserError("--cfg is required: the model YAML to audit, e.g. --cfg models/ffca-yolo.yaml")
+    if not Path(opt.cfg).is_file():
+        raise UserError(f"--cfg {opt.cfg}: file not found; pass a model YAML such as models/ffca-yolo.yaml")
+    if opt.imgsz <= 0:
+        raise UserError(f"--imgsz {opt.imgsz}: must be a positive number of pixels, e.g. 256")
+    if opt.batch_size <= 0:
+        raise UserError(f"--batch-size {opt.batch_size}: must be at least 1")
+    return opt
+
+
+def main(argv=None) -> int:
+    """``python -m utils.torch_utils --audit --cfg X.yaml``: 0 clean, 1 findings, 2 bad arguments."""
+    try:
+        opt = _parse_cli(argv)
+        device = select_device(opt.device)
+        from models.yolo import Model  # lazily: utils must not import models at module level
+        model = Model(opt.cfg).to(device)
+        stride = int(model.stride.max())
+        if opt.imgsz % stride:
+            raise UserError(f"--imgsz {opt.imgsz}: must be a multiple of the model's largest stride {stride}")
+        report = audit_model(model, imgsz=opt.imgsz, device=device, batch_size=opt.batch_size)
+    except UserError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0 if report.clean else 1
+
+
+if __name__ == "__main__":
+    from utils.torch_utils import main as _main  # the importable module, so models share its classes
+
+    sys.exit(_main())

@@ -1,0 +1,140 @@
+"""YOLOv5 loss (utils/loss.py) on a tiny two-level model at 64 px."""
+
+import copy
+
+import pytest
+import torch
+
+from models.yolo import Model
+from utils.errors import UserError
+from utils.loss import ComputeLoss, FocalLoss, smooth_BCE
+
+TINY_CFG = {
+    "nc": 2, "depth_multiple": 0.33, "width_multiple": 0.125,
+    "anchors": [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119]],
+    "backbone": [[-1, 1, "Conv", [32, 3, 2]], [-1, 1, "Conv", [64, 3, 2]], [-1, 1, "C3", [64]],
+                 [-1, 1, "Conv", [128, 3, 2]], [-1, 1, "C3", [128]], [-1, 1, "Conv", [128, 3, 2]],
+                 [-1, 1, "SPPF", [128, 5]]],
+    "head": [[[4, 6], 1, "Detect", ["nc", "anchors"]]],
+}
+HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    torch.manual_seed(0)
+    model = Model(copy.deepcopy(TINY_CFG))
+    model.hyp = dict(HYP)
+    return model
+
+
+@pytest.fixture
+def model(base_model):
+    m = copy.deepcopy(base_model)
+    m.train()
+    return m
+
+
+def _targets():
+    # [image, cls, x, y, w, h] normalised; sizes near the anchors of both levels
+    return torch.tensor([[0, 0, 0.30, 0.30, 0.20, 0.25],
+                         [0, 1, 0.70, 0.60, 0.50, 0.40],
+                         [1, 1, 0.50, 0.50, 0.15, 0.15]])
+
+
+def _images():
+    g = torch.Generator().manual_seed(1)
+    return torch.rand((2, 3, 64, 64), generator=g)
+
+
+def test_loss_is_finite_with_documented_parts(model):
+    loss, items = ComputeLoss(model)(model(_images()), _targets())
+    assert loss.shape == (1,) and torch.isfinite(loss).all()
+    assert items.shape == (3,) and not items.requires_grad
+    assert (items > 0).all(), "box, obj and cls parts must all contribute"
+    assert torch.allclose(loss, items.sum() * 2, rtol=1e-5), "total = (box + obj + cls) * batch size"
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_no_targets_gives_objectness_only(model):
+    loss, items = ComputeLoss(model)(model(_images()), torch.zeros((0, 6)))
+    assert items[0] == 0 and items[2] == 0 and items[1] > 0
+
+
+def test_gains_scale_each_part(model):
+    preds = model(_images())
+    base = ComputeLoss(model)(preds, _targets())[1]
+    model.hyp = dict(HYP, box=0.1, cls=1.5)
+    scaled = ComputeLoss(model)(preds, _targets())[1]
+    assert torch.allclose(scaled, base * torch.tensor([2.0, 1.0, 3.0]), rtol=1e-5)
+
+
+def test_focal_loss_and_label_smoothing_change_parts(model):
+    preds = model(_images())
+    plain = ComputeLoss(model)(preds, _targets())[1]
+    model.hyp = dict(HYP, fl_gamma=1.5)
+    focal = ComputeLoss(model)(preds, _targets())[1]
+    assert focal[0] == pytest.approx(plain[0].item(), rel=1e-5)
+    assert focal[1] < plain[1] and focal[2] < plain[2]
+    model.hyp = dict(HYP, label_smoothing=0.2)
+    smoothed = ComputeLoss(model)(preds, _targets())[1]
+    assert smoothed[2] != plain[2] and smoothed[1] == plain[1]
+    assert smooth_BCE(0.2) == (0.9, 0.1)
+    assert isinstance(FocalLoss(torch.nn.BCEWithLogitsLoss()).loss_fcn, torch.nn.BCEWithLogitsLoss)
+
+
+def test_build_targets_centre_cell_neighbours_and_anchor_ratio(model):
+    compute = ComputeLoss(model)
+    preds = model(_images())
+    # x = y = 0.3 of 64 px -> (2.4, 2.4) cells at stride 8: lower fractions pick the left and top neighbours
+    target = torch.tensor([[0, 1, 0.3, 0.3, 10 / 64, 13 / 64]])  # exactly level 0's first anchor
+    tcls, tbox, indices, anchors = compute.build_targets(preds, target)
+    b, a, gj, gi = indices[0]
+    cells = sorted(zip(a.tolist(), gj.tolist(), gi.tolist()))
+    # anchors (10,13) ratio 1 and (16,30) ratio 2.3 match (< 4); (33,23) ratio 3.3 also matches
+    assert cells == sorted((k, y, x) for k in (0, 1, 2) for (y, x) in ((2, 2), (2, 1), (1, 2)))
+    assert tcls[0].tolist() == [1] * 9
+    offsets = tbox[0][:, :2]
+    assert offsets.min() >= -0.5 and offsets.max() <= 1.5
+    assert torch.allclose(tbox[0][:, 2:], torch.tensor([10 / 8, 13 / 8]).expand(9, 2))
+    # at stride 16 the box is 0.6 x 0.8 cells vs anchors >= 1.9 cells: ratios above anchor_t except none
+    model.hyp = dict(HYP, anchor_t=2.0)
+    strict = ComputeLoss(model).build_targets(preds, target)[2]
+    assert sorted(set(strict[0][1].tolist())) == [0], "anchor_t=2 keeps only the matching anchor"
+    assert len(strict[1][0]) == 0
+
+
+def test_objectness_target_independent_of_target_order(model):
+    preds = model(_images())
+    # two boxes sharing cells and anchors: a repeated slot keeps the larger IoU either way round
+    targets = torch.tensor([[0, 0, 0.30, 0.30, 0.20, 0.25], [0, 1, 0.31, 0.29, 0.18, 0.3]])
+    compute = ComputeLoss(model)
+    forward = compute(preds, targets)[1]
+    backward = compute(preds, targets.flip(0))[1]
+    assert torch.allclose(forward, backward, rtol=1e-6, atol=1e-8)
+
+
+def test_loss_falls_when_overfitting_one_batch(model):
+    torch.manual_seed(0)
+    compute = ComputeLoss(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    images, targets = _images(), _targets()
+    losses = []
+    for _ in range(25):
+        loss, _ = compute(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], f"loss did not fall enough: {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def test_missing_hyperparameters_are_a_user_error(model):
+    model.hyp = {k: v for k, v in HYP.items() if k != "anchor_t"}
+    with pytest.raises(UserError, match="anchor_t"):
+        ComputeLoss(model)
+    del model.hyp
+    with pytest.raises(UserError, match="hyp"):
+        ComputeLoss(model)

@@ -1,0 +1,173 @@
+"""train.py end to end on a tiny model and a tiny generated data set (CPU, 64 px)."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from utils.checkpoints import load_checkpoint
+from utils.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = dict(imgsz=64, batch_size=8, workers=0, device="cpu", noautoanchor=False, exist_ok=True)
+
+
+def train_run(tmp_path, data, cfg, name="exp", **kwargs):
+    """train.run with fast defaults; returns the run folder."""
+    options = {**FAST, "cfg": str(cfg), "data": str(data), "epochs": 2, "project": str(tmp_path), "name": name}
+    options.update(kwargs)
+    train.run(**options)
+    return tmp_path / name
+
+
+def results_rows(run_dir: Path) -> list:
+    with open(run_dir / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
+    """One complete 2-epoch run with plots and --save-period 1, shared by several tests."""
+    return train_run(tmp_path_factory.mktemp("train"), shapes_data, tiny_cfg, save_period=1)
+
+
+def test_two_epoch_run_writes_every_output(finished_run):
+    weights = finished_run / "weights"
+    for name in ("last.pt", "best.pt", "epoch0.pt", "epoch1.pt", "sha256.txt"):
+        assert (weights / name).is_file(), name
+    for name in ("hyp.yaml", "opt.yaml", "environment.yaml", "determinism.json", "results.csv", "results.png",
+                 "labels.jpg", "train_batch0.jpg", "confusion_matrix.png"):
+        assert (finished_run / name).is_file(), name
+    rows = results_rows(finished_run)
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert {"train/box_loss", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "x/lr0"} <= set(rows[0])
+    assert all(float(r["train/box_loss"]) > 0 for r in rows)
+
+
+def test_checkpoints_are_plain_data_and_stripped(finished_run):
+    last = torch.load(finished_run / "weights" / "last.pt", weights_only=True)
+    assert last["finished"] is True and last["optimizer"] is None and last["ema"] is None
+    assert all(v.dtype == torch.float16 for v in last["model"].values() if v.is_floating_point())
+    full = torch.load(finished_run / "weights" / "epoch0.pt", weights_only=True)
+    assert full["optimizer"] is not None and full["next_position"] == [1, 0]
+    assert all(v.dtype == torch.float32 for v in full["ema"].values() if v.is_floating_point())
+    assert set(full["rng"]) >= {"python", "numpy", "torch"}
+
+
+def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, shapes_data, tmp_path):
+    """Resuming the epoch-0 checkpoint in a copy of the run ends with the same EMA checksum."""
+    copy = tmp_path / "copy"
+    (copy / "weights").mkdir(parents=True)
+    for f in ("hyp.yaml", "opt.yaml", "results.csv"):
+        (copy / f).write_bytes((finished_run / f).read_bytes())
+    (copy / "weights" / "last.pt").write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
+    train.run(resume=str(copy / "weights" / "last.pt"))
+    expected = (finished_run / "weights" / "sha256.txt").read_text().split()[0]
+    assert (copy / "weights" / "sha256.txt").read_text().split()[0] == expected
+    assert [r["epoch"] for r in results_rows(copy)] == ["0", "1"]
+    assert results_rows(copy) == results_rows(finished_run)
+
+
+def test_resume_of_finished_run_says_nothing_to_resume(finished_run):
+    with pytest.raises(UserError, match="nothing to resume"):
+        train.run(resume=str(finished_run / "weights" / "last.pt"))
+
+
+def test_transfer_reports_matched_layers_and_freeze_keeps_weights(finished_run, shapes_data, tiny_cfg, tmp_path,
+                                                                  caplog):
+    source = finished_run / "weights" / "last.pt"
+    run_dir = train_run(tmp_path, shapes_data, tiny_cfg, weights=str(source), epochs=1, freeze=[2],
+                        save_period=1, noplots=True)
+    start = load_checkpoint(source)["model"]
+    trained = load_checkpoint(run_dir / "weights" / "epoch0.pt")["model"]
+    frozen = [k for k in trained if k.startswith(("model.0.", "model.1.")) and k.endswith("weight")]
+    assert frozen, "the tiny model should have weights in layers 0 and 1"
+    for key in frozen:
+        assert torch.equal(trained[key], start[key].float()), key
+    moved = [k for k in trained if k.startswith("model.2.") and k.endswith("weight")
+             and not torch.equal(trained[k], start[k].float())]
+    assert moved, "unfrozen layers should train"
+
+
+def test_early_stopping_ends_before_last_epoch(shapes_data, tiny_cfg, tmp_path):
+    run_dir = train_run(tmp_path, shapes_data, tiny_cfg, epochs=6, patience=1, noplots=True,
+                        hyp=str(ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"))
+    assert 2 <= len(results_rows(run_dir)) < 6
+
+
+def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(shapes_data, tmp_path):
+    from tests.nondeterministic_module import write_put_model_yaml
+
+    cfg = write_put_model_yaml(tmp_path)
+    with pytest.raises(UserError) as err:
+        train_run(tmp_path, shapes_data, cfg, name="strict", deterministic="strict", epochs=1, noplots=True)
+    message = str(err.value)
+    assert "put" in message and "backward" in message and "--deterministic scoped" in message
+    assert not (tmp_path / "strict" / "results.csv").exists(), "strict must stop before the first epoch"
+    run_dir = train_run(tmp_path, shapes_data, cfg, name="scoped", deterministic="scoped", epochs=1, noplots=True)
+    assert len(results_rows(run_dir)) == 1
+    assert not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled() \
+        is False
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cfg", ""], "--cfg is required"),
+    (["--cfg", "models/nope.yaml"], "--cfg models/nope.yaml: file not found"),
+    (["--epochs", "0"], "--epochs 0"),
+    (["--deterministic", "maybe"], "invalid choice"),
+])
+def test_bad_flags_give_one_clear_line(flags, message, tiny_cfg, shapes_data, tmp_path):
+    cmd = [sys.executable, "train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data),
+           "--project", str(tmp_path), "--device", "cpu", *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_corrupt_resume_checkpoint_gives_clear_error(tmp_path):
+    bad = tmp_path / "exp" / "weights" / "last.pt"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"PK\x03\x04 this is not a checkpoint")
+    proc = subprocess.run([sys.executable, "train.py", "--resume", str(bad)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("ERROR:") and str(bad) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_path):
+    run_dir = train_run(tmp_path, shapes_data, tiny_cfg, imgsz=70, epochs=1, noplots=True)
+    opt = (run_dir / "opt.yaml").read_text()
+    assert "imgsz: 70" in opt  # the user's value is recorded; the model trains at the rounded size
+    rows = results_rows(run_dir)
+    assert len(rows) == 1
+
+
+def test_sigterm_mid_epoch_saves_loadable_checkpoint_and_resume_finishes(shapes_data, tiny_cfg, tmp_path):
+    cmd = [sys.executable, "train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64",
+           "--batch-size", "2", "--epochs", "2", "--workers", "0", "--device", "cpu", "--noplots",
+           "--project", str(tmp_path), "--name", "exp"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "exp" / "determinism.json").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    assert f"--resume {last}" in out
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["optimizer"] is not None
+    resumed = subprocess.run([sys.executable, "train.py", "--resume", str(last)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert [r["epoch"] for r in results_rows(tmp_path / "exp")] == ["0", "1"]

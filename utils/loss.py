@@ -1,0 +1,178 @@
+"""YOLOv5's training loss: CIoU box loss, IoU-targeted objectness BCE and class BCE.
+
+Targets go to the anchors whose width/height ratio to the box is below ``anchor_t`` in every
+level, and to the box centre's grid cell plus the two neighbouring cells nearest the centre
+(which triples the positives and lets the (-0.5, 1.5) xy offset reach them).
+"""
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+from utils.metrics import bbox_iou
+
+REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t", "fl_gamma")
+LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}  # objectness weight per level, small strides first
+DEFAULT_BALANCE = [4.0, 1.0, 0.25, 0.06, 0.02]
+NEIGHBOUR_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * 0.5
+
+
+def smooth_BCE(eps=0.1):  # noqa: N802 (YOLOv5's name)
+    """Positive and negative BCE targets with label smoothing ``eps``: (1 - eps / 2, eps / 2)."""
+    return 1.0 - 0.5 * eps, 0.5 * eps
+
+
+class FocalLoss(nn.Module):
+    """Focal loss around a ``BCEWithLogitsLoss``: down-weights easy examples by (1 - p_t) ** gamma."""
+
+    def __init__(self, loss_fcn, gamma=1.5, alpha=0.25):
+        super().__init__()
+        self.loss_fcn = loss_fcn
+        self.gamma = gamma
+        self.alpha = alpha
+        self.reduction = loss_fcn.reduction
+        self.loss_fcn.reduction = "none"  # the focal factor applies per element
+
+    def forward(self, pred, true):
+        loss = self.loss_fcn(pred, true)
+        prob = torch.sigmoid(pred)
+        p_t = true * prob + (1 - true) * (1 - prob)
+        alpha_factor = true * self.alpha + (1 - true) * (1 - self.alpha)
+        loss = loss * alpha_factor * (1.0 - p_t) ** self.gamma
+        if self.reduction == "mean":
+            return loss.mean()
+        return loss.sum() if self.reduction == "sum" else loss
+
+
+def _detect_head(model):
+    core = model.module if hasattr(model, "module") else model  # DDP wraps the model
+    return core, core.model[-1]
+
+
+class ComputeLoss:
+    """``loss(preds, targets) -> (total * batch_size (1,), (box, obj, cls) detached (3,))``.
+
+    ``preds``: training-mode output, ``nl`` tensors (bs, na, ny, nx, 5 + nc) of logits.
+    ``targets``: (n, 6) [image_index, cls, x, y, w, h], xywh normalised to the input image.
+    Gains come from ``model.hyp`` as given; the caller scales them for level count, classes and size.
+    """
+
+    def __init__(self, model, autobalance=False):
+        core, detect = _detect_head(model)
+        hyp = getattr(core, "hyp", None)
+        if not isinstance(hyp, dict):
+            raise UserError("ComputeLoss: model.hyp is not set; load a hyperparameter YAML such as "
+                            "data/hyps/hyp.scratch-low.yaml before building the loss")
+        missing = [k for k in REQUIRED_HYP if k not in hyp]
+        if missing:
+            raise UserError(f"hyperparameters are missing {missing}; add them to the --hyp YAML "
+                            "(see data/hyps/hyp.scratch-low.yaml)")
+        device = next(core.parameters()).device
+        self.hyp = hyp
+        self.bce_cls = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([float(hyp["cls_pw"])], device=device))
+        self.bce_obj = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([float(hyp["obj_pw"])], device=device))
+        if hyp["fl_gamma"] > 0:
+            self.bce_cls = FocalLoss(self.bce_cls, hyp["fl_gamma"])
+            self.bce_obj = FocalLoss(self.bce_obj, hyp["fl_gamma"])
+        self.cp, self.cn = smooth_BCE(hyp.get("label_smoothing", 0.0))
+        self.balance = list(LEVEL_BALANCE.get(detect.nl, DEFAULT_BALANCE))
+        self.ssi = detect.stride.tolist().index(16) if autobalance and 16 in detect.stride.tolist() else 0
+        self.autobalance = autobalance
+        self.gr = 1.0  # objectness target = IoU ** gr mix; 1.0 means the IoU itself
+        self.na, self.nc, self.nl = detect.na, detect.nc, detect.nl
+        self.anchors = detect.anchors  # (nl, na, 2) in stride units = grid cells
+        self.device = device
+
+    def __call__(self, preds, targets):
+        targets = targets.to(self.device)
+        tcls, tbox, indices, anchors = self.build_targets(preds, targets)
+        lbox = torch.zeros(1, device=self.device)
+        lobj = torch.zeros(1, device=self.device)
+        lcls = torch.zeros(1, device=self.device)
+        for i, pi in enumerate(preds):
+            b, a, gj, gi = indices[i]
+            tobj = torch.zeros(pi.shape[:4], dtype=pi.dtype, device=self.device)
+            if len(b):
+                pxy, pwh, _, pcls = pi[b, a, gj, gi].split((2, 2, 1, self.nc), 1)
+                pbox = torch.cat((pxy.sigmoid() * 2 - 0.5, (pwh.sigmoid() * 2) ** 2 * anchors[i]), 1)
+                iou = bbox_iou(pbox, tbox[i], CIoU=True).squeeze(1)
+                lbox += (1.0 - iou).mean()
+                target_iou = iou.detach().clamp(0).to(tobj.dtype)
+                if self.gr < 1:
+                    target_iou = (1.0 - self.gr) + self.gr * target_iou
+                _scatter_max(tobj, (b, a, gj, gi), target_iou)
+                if self.nc > 1:
+                    t = torch.full_like(pcls, self.cn)
+                    t[torch.arange(len(b), device=self.device), tcls[i]] = self.cp
+                    lcls += self.bce_cls(pcls, t)
+            level_obj = self.bce_obj(pi[..., 4], tobj)
+            lobj += level_obj * self.balance[i]
+            if self.autobalance:
+                self.balance[i] = self.balance[i] * 0.9999 + 0.0001 / level_obj.detach().item()
+        if self.autobalance:
+            self.balance = [x / self.balance[self.ssi] for x in self.balance]
+        lbox *= self.hyp["box"]
+        lobj *= self.hyp["obj"]
+        lcls *= self.hyp["cls"]
+        bs = preds[0].shape[0]
+        return (lbox + lobj + lcls) * bs, torch.cat((lbox, lobj, lcls)).detach()
+
+    def build_targets(self, preds, targets):
+        """Assign targets to (image, anchor, cell) slots in every level, all targets at once.
+
+        Returns per level: classes (m,), boxes (m, 4) [dx, dy, w, h] in grid units relative to the
+        cell corner, indices (image, anchor, gy, gx) each (m,), and matched anchors (m, 2).
+        """
+        nt = targets.shape[0]
+        anchor_idx = torch.arange(self.na, device=self.device).float().view(self.na, 1).repeat(1, nt)
+        # (na, nt, 7) = [image, cls, x, y, w, h, anchor]: every target paired with every anchor
+        paired = torch.cat((targets.repeat(self.na, 1, 1), anchor_idx[..., None]), 2)
+        offsets_table = NEIGHBOUR_OFFSETS.to(self.device)
+        tcls, tbox, indices, anch = [], [], [], []
+        for i in range(self.nl):
+            ny, nx = preds[i].shape[2:4]
+            scale = torch.tensor([1, 1, nx, ny, nx, ny, 1], device=self.device, dtype=paired.dtype)
+            t = paired * scale  # xywh in grid cells
+            anchors = self.anchors[i]
+            if nt:
+                t, offsets = _select_anchor_and_cells(t, anchors, self.hyp["anchor_t"], (nx, ny), offsets_table)
+            else:
+                t, offsets = paired[0], torch.zeros((0, 2), device=self.device)
+            image_cls, gxy, gwh, a = t.split((2, 2, 2, 1), 1)
+            a, (b, c) = a.long().view(-1), image_cls.long().T
+            gij = (gxy - offsets).long()
+            gi = gij[:, 0].clamp_(0, nx - 1)
+            gj = gij[:, 1].clamp_(0, ny - 1)
+            indices.append((b, a, gj, gi))
+            tbox.append(torch.cat((gxy - torch.stack((gi, gj), 1), gwh), 1))
+            anch.append(anchors[a])
+            tcls.append(c)
+        return tcls, tbox, indices, anch
+
+
+def _select_anchor_and_cells(t, anchors, anchor_t, grid_size, offsets_table):
+    """Keep (target, anchor) pairs with max(w/a, a/w, h/a, a/h) < ``anchor_t`` and add the two
+    neighbour cells nearest each centre. ``t`` (na, nt, 7) in grid units -> ((m, 7), offsets (m, 2))."""
+    ratio = t[..., 4:6] / anchors[:, None]
+    t = t[torch.max(ratio, 1 / ratio).max(2)[0] < anchor_t]
+    gxy = t[:, 2:4]
+    gxy_inverse = torch.tensor(grid_size, device=t.device, dtype=t.dtype) - gxy
+    left, top = ((gxy % 1 < 0.5) & (gxy > 1)).T
+    right, bottom = ((gxy_inverse % 1 < 0.5) & (gxy_inverse > 1)).T
+    chosen = torch.stack((torch.ones_like(left), left, top, right, bottom))  # (5, m)
+    t = t.repeat((5, 1, 1))[chosen]
+    offsets = (torch.zeros_like(gxy)[None] + offsets_table[:, None])[chosen]
+    return t, offsets
+
+
+def _scatter_max(tobj, index, values):
+    """``tobj[index] = values`` keeping the largest value where a slot is assigned more than once.
+
+    Plain index assignment with repeated slots keeps an unspecified one (it differs between
+    runs on GPU); taking the maximum makes the objectness target reproducible.
+    """
+    flat = tobj.view(-1)
+    b, a, gj, gi = index
+    _, na, ny, nx = tobj.shape
+    slot = ((b * na + a) * ny + gj) * nx + gi
+    flat.scatter_reduce_(0, slot, values, reduce="amax", include_self=True)
