@@ -548,12 +548,11 @@ def evolve(hyp: dict, opt, device, dist: DistInfo):
     opt.noval, opt.nosave, opt.noplots = True, True, True
     base = deepcopy(hyp)
     for generation in range(opt.evolve):
-        rng = np.random.default_rng([opt.seed, generation])
-        trial = evo.mutate_hyp(base, evolve_csv, rng) if evolve_csv.exists() else deepcopy(base)
+        trial = evo.mutate_hyp(base, evolve_csv, evo.generation_rng(opt.seed, evolve_csv))
         trial_opt = deepcopy(opt)
         trial_opt.save_dir = str(save_dir / f"gen{generation}")
         results = train(deepcopy(trial), trial_opt, device, dist)
-        evo.append_evolve_row(evolve_csv, results, trial)
+        evo.append_evolve_row(evolve_csv, evo.RESULT_KEYS, results, trial)
         LOGGER.info(f"Generation {generation + 1}/{opt.evolve} done: {results}")
     evo.best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
     evo.plot_evolve(evolve_csv)

@@ -520,4 +520,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the imported module's main so layer types read models.yolo.*, not __main__.*
+    from models.yolo import main as package_main
+
+    package_main()

@@ -117,6 +117,32 @@ def test_placeholder_anchors_are_replaced_in_stride_units_and_ordered():
     np.testing.assert_allclose(pixels, expected, rtol=1e-5)
     level_area = detect.anchors.prod(-1).mean(-1) * detect.stride ** 2
     assert (level_area[1:] > level_area[:-1]).all()  # small anchors on the fine (stride 8) level
+    # the configuration now carries the fitted pixel anchors, so a rebuilt model keeps them
+    np.testing.assert_allclose(np.array(model.yaml["anchors"]).reshape(-1, 2), expected, atol=0.01)
+
+
+def test_wrapped_model_is_unwrapped():
+    dataset = make_dataset(YOLOV5_P3_P5, n_images=20)
+    model = FakeModel(3, [list(range(6))] * 3)
+    before = model.model[-1].anchors.clone()
+    assert check_anchors(dataset, nn.DataParallel(model), seed=0) is True
+    assert not torch.equal(model.model[-1].anchors, before)
+
+
+def test_real_model_with_placeholder_anchors(tiny_cfg):
+    if not tiny_cfg.is_file():
+        pytest.skip(f"{tiny_cfg} not written yet")
+    from models.yolo import Model
+    from utils.files import yaml_load
+
+    model = Model(dict(yaml_load(tiny_cfg), anchors=3), nc=1)
+    detect = model.model[-1]
+    dataset = make_dataset([[s, s] for s in (3, 6, 12, 24, 48, 96, 150, 200, 300)], n_images=20)
+    assert check_anchors(dataset, model, imgsz=640, seed=0) is True
+    pixels = (detect.anchors * detect.stride.view(-1, 1, 1)).view(-1, 2)
+    assert (pixels.prod(1).diff() >= 0).all()
+    rebuilt = Model(model.yaml, nc=1)
+    torch.testing.assert_close(rebuilt.model[-1].anchors, detect.anchors, atol=0.01, rtol=0)
 
 
 def test_good_anchors_are_left_unchanged():

@@ -62,3 +62,12 @@ def test_cpu_model_gets_default_with_message(log_messages):
     assert check_train_batch_size(model, imgsz=64, default=12) == 12
     assert any("CUDA" in m and "12" in m for m in log_messages)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="AutoBatch profiling needs CUDA")
+def test_cuda_profiling_picks_a_batch_in_range():
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.SiLU(), nn.Conv2d(16, 8, 1)).cuda()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = check_train_batch_size(model, imgsz=128, amp=True, fraction=0.01, default=3)
+    assert 1 <= batch <= 1024
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # profiled a copy

@@ -93,6 +93,8 @@ def test_csv_round_trip_best_hyp_and_yaml(tmp_path):
     assert best == better
     saved = yaml.safe_load((tmp_path / "hyp_evolve.yaml").read_text())
     assert saved == better
+    assert best_hyp(path, tmp_path / "elsewhere.yaml") == better
+    assert yaml.safe_load((tmp_path / "elsewhere.yaml").read_text()) == better
 
 
 def test_continuing_run_appends_and_checks_columns(tmp_path):

@@ -99,7 +99,7 @@ def test_build_targets_centre_cell_neighbours_and_anchor_ratio(model):
     offsets = tbox[0][:, :2]
     assert offsets.min() >= -0.5 and offsets.max() <= 1.5
     assert torch.allclose(tbox[0][:, 2:], torch.tensor([10 / 8, 13 / 8]).expand(9, 2))
-    # at stride 16 the box is 0.6 x 0.8 cells vs anchors >= 1.9 cells: ratios above anchor_t except none
+    # anchor_t=2 drops the two other level-0 anchors; every level-1 anchor is > 2x the box at stride 16
     model.hyp = dict(HYP, anchor_t=2.0)
     strict = ComputeLoss(model).build_targets(preds, target)[2]
     assert sorted(set(strict[0][1].tolist())) == [0], "anchor_t=2 keeps only the matching anchor"
@@ -122,7 +122,7 @@ def test_loss_falls_when_overfitting_one_batch(model):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     images, targets = _images(), _targets()
     losses = []
-    for _ in range(25):
+    for _ in range(15):
         loss, _ = compute(model(images), targets)
         optimizer.zero_grad()
         loss.backward()

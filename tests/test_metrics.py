@@ -234,8 +234,9 @@ def test_map_agrees_with_pycocotools(tmp_path):
     own_map50, own_map = ap[:, 0].mean(), ap.mean()
 
     gt_json = val.coco_ground_truth(im_files, np.array([size] * len(labels)), labels, names)
-    pred_json = [row for f, det in zip(im_files, predictions)
-                 for row in val.coco_predictions(det, val.coco_image_id(f))]
+    ids = val.coco_image_ids(im_files)
+    assert ids[str(im_files[3])] == 3
+    pred_json = [row for f, det in zip(im_files, predictions) for row in val.coco_predictions(det, ids[str(f)])]
     (tmp_path / "gt.json").write_text(json.dumps(gt_json))
     (tmp_path / "pred.json").write_text(json.dumps(pred_json))
     coco_map, coco_map50 = val.coco_evaluate(tmp_path / "gt.json", tmp_path / "pred.json")

@@ -115,14 +115,25 @@ def _transform_boxes(boxes, M, width, height, perspective):
     return new
 
 
+def _warp_targets(targets, M, s, width, height, perspective):
+    """Move (n, 5) ``[cls, x1, y1, x2, y2]`` through ``M`` and keep YOLOv5's box candidates."""
+    if not len(targets):
+        return targets
+    new = _transform_boxes(targets[:, 1:5], M, width, height, perspective)
+    keep = box_candidates(box1=targets[:, 1:5].T * s, box2=new.T, area_thr=0.10)
+    targets = targets[keep]
+    targets[:, 1:5] = new[keep]
+    return targets
+
+
 def random_perspective(im, targets, rng, degrees=10, translate=0.1, scale=0.1, shear=10, perspective=0.0,
                        border=(0, 0)):
     """Random rotation, scale, shear, translation and perspective of ``im`` and its ``targets``.
 
     ``targets`` is (n, 5) ``[cls, x1, y1, x2, y2]`` in pixels of ``im``. A negative ``border``
-    (mosaic: ``-img_size // 2``) crops the output to the input size plus twice the border.
-    Returns ``(image, targets)``; boxes are clipped to the output and YOLOv5's candidate rule
-    drops those that became too small, too thin or lost most of their area. Classes are unchanged.
+    crops the output to the input size plus twice the border. Returns ``(image, targets)``; boxes
+    are clipped to the output and YOLOv5's candidate rule drops those that became too small, too
+    thin or lost most of their area. Classes are unchanged.
     """
     height = im.shape[0] + border[0] * 2
     width = im.shape[1] + border[1] * 2
@@ -132,49 +143,108 @@ def random_perspective(im, targets, rng, degrees=10, translate=0.1, scale=0.1, s
             im = cv2.warpPerspective(im, M, dsize=(width, height), borderValue=PAD_COLOUR)
         else:
             im = cv2.warpAffine(im, M[:2], dsize=(width, height), borderValue=PAD_COLOUR)
-    if len(targets):
-        new = _transform_boxes(targets[:, 1:5], M, width, height, perspective)
-        keep = box_candidates(box1=targets[:, 1:5].T * s, box2=new.T, area_thr=0.10)
-        targets = targets[keep]
-        targets[:, 1:5] = new[keep]
-    return im, targets
+    return im, _warp_targets(targets, M, s, width, height, perspective)
 
 
-def mosaic(images, labels, img_size, rng, fill=PAD_COLOUR):
-    """Tile four images around a random centre on a (2 * img_size)^2 canvas, YOLOv5's 4-image mosaic.
+def _tile_placement(i, xc, yc, w, h, canvas):
+    """Where tile ``i`` (0 top-left .. 3 bottom-right) of size w x h lands around the centre (xc, yc).
 
-    ``images``: four HWC uint8 images already resized so their long side is ``img_size``;
-    ``labels``: four (n_i, 5) ``[cls, x1, y1, x2, y2]`` arrays in each image's pixels.
-    Returns ``(canvas (2s, 2s, 3), labels (n, 5))`` with boxes in canvas pixels, clipped to it.
-    Follow with :func:`random_perspective` using ``border=(-s // 2, -s // 2)`` to get s x s.
+    Returns ``(x1a, y1a, x2a, y2a)`` on the canvas and ``(x1b, y1b)``, the first used pixel of the tile;
+    tiles touch the centre with one corner and are cut only by the canvas edge.
+    """
+    if i == 0:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+        return (x1a, y1a, x2a, y2a), (w - (x2a - x1a), h - (y2a - y1a))
+    if i == 1:
+        x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, canvas), yc
+        return (x1a, y1a, x2a, y2a), (0, h - (y2a - y1a))
+    if i == 2:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(canvas, yc + h)
+        return (x1a, y1a, x2a, y2a), (w - (x2a - x1a), 0)
+    return (xc, yc, min(xc + w, canvas), min(canvas, yc + h)), (0, 0)
+
+
+def _source_crop(im, size, first, count):
+    """Original pixels behind a tile's used part: resized pixels ``first .. first + count - 1`` per axis.
+
+    ``first``/``count`` are (x, y) pairs. Returns ``(crop, (u0, v0))`` with the crop's origin in ``im``.
+    """
+    bounds = []
+    for axis, (f, c) in enumerate(zip(first, count)):
+        n0, n = im.shape[1 - axis], size[1 - axis]
+        r = n / n0
+        lo = math.floor((f + 0.5) / r - 0.5)
+        hi = math.ceil((f + c - 1 + 0.5) / r - 0.5) + 1
+        bounds.append((min(max(lo, 0), n0 - 1), min(max(hi, 1), n0)))
+    (u0, u1), (v0, v1) = bounds
+    return im[v0:v1, u0:u1], (u0, v0)
+
+
+def _warp_tile(out, im, size, rect, first, M, perspective):
+    """Draw ``im`` resized to ``size`` (h, w) and placed at canvas ``rect`` straight into ``out`` through ``M``.
+
+    ``first`` (x, y) is the tile's first used resized pixel (tiles are cut at the canvas edge). One
+    interpolation from the original pixels; only the output rectangle the tile covers is visited.
+    A one-pixel replicated border keeps tile seams free of gaps.
+    """
+    x1a, y1a, x2a, y2a = rect
+    if x2a <= x1a or y2a <= y1a:
+        return
+    corners = np.array([[x1a, y1a, 1], [x2a, y1a, 1], [x1a, y2a, 1], [x2a, y2a, 1]], dtype=np.float64)
+    corners[:, :2] -= 0.5  # pixel edges in OpenCV's pixel-centre coordinates
+    mapped = corners @ M.T
+    mapped = mapped[:, :2] / mapped[:, 2:3]
+    oh, ow = out.shape[:2]
+    x0, y0 = (int(np.clip(math.ceil(v), 0, lim)) for v, lim in zip(mapped.min(0), (ow, oh)))
+    x1, y1 = (int(np.clip(math.ceil(v), 0, lim)) for v, lim in zip(mapped.max(0), (ow, oh)))
+    if x1 <= x0 or y1 <= y0:
+        return
+    crop, (u0, v0) = _source_crop(im, size, first, (x2a - x1a, y2a - y1a))
+    src = cv2.copyMakeBorder(crop, 1, 1, 1, 1, cv2.BORDER_REPLICATE)
+    rx, ry = size[1] / im.shape[1], size[0] / im.shape[0]
+    # padded crop pixel -> original pixel -> resized tile pixel (cv2.resize's centre alignment) -> canvas
+    to_canvas = np.array([[rx, 0, (u0 - 0.5) * rx - 0.5 + x1a - first[0]],
+                          [0, ry, (v0 - 0.5) * ry - 0.5 + y1a - first[1]],
+                          [0, 0, 1]])
+    to_roi = np.array([[1, 0, -x0], [0, 1, -y0], [0, 0, 1]], dtype=np.float64)
+    A = to_roi @ M @ to_canvas
+    roi = out[y0:y1, x0:x1]
+    if perspective:
+        cv2.warpPerspective(src, A, (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
+    elif M[0, 1] or M[1, 0]:  # rotated or sheared: the ROI also holds pixels of other tiles
+        cv2.warpAffine(src, A[:2], (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
+    else:  # axis-aligned: the tile fills its ROI exactly, so the (much faster) replicate border is safe
+        cv2.warpAffine(src, A[:2], (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_REPLICATE)
+
+
+def mosaic(images, sizes, labels, img_size, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
+           perspective=0.0, fill=PAD_COLOUR):
+    """YOLOv5's 4-image mosaic followed by :func:`random_perspective`, rendered in one pass.
+
+    The four images, resized to ``sizes`` (h, w) (long side ``img_size``), are tiled around a random
+    centre on a virtual (2 * img_size)^2 canvas that is warped to img_size^2 with a mosaic border of
+    ``-img_size // 2``. Instead of building the canvas, each original image is warped once, straight
+    into its part of the output: same geometry, one interpolation, a fraction of the pixel work.
+    ``images``: four HWC uint8 originals; ``labels``: four (n_i, 5) ``[cls, x1, y1, x2, y2]`` in
+    pixels of the resized images. Returns ``(image (s, s, c) uint8, labels (n, 5) xyxy pixels)``.
     """
     s = img_size
-    yc, xc = (int(v) for v in rng.uniform(s // 2, 2 * s - s // 2, size=2))
-    canvas = np.full((s * 2, s * 2, images[0].shape[2]), fill[0], dtype=np.uint8)
-    out_labels = []
-    for i, (im, lb) in enumerate(zip(images, labels)):
-        h, w = im.shape[:2]
-        if i == 0:  # top left: the image's bottom-right corner touches the centre
-            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-            x1b, y1b, x2b, y2b = w - (x2a - x1a), h - (y2a - y1a), w, h
-        elif i == 1:  # top right
-            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, s * 2), yc
-            x1b, y1b, x2b, y2b = 0, h - (y2a - y1a), min(w, x2a - x1a), h
-        elif i == 2:  # bottom left
-            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(s * 2, yc + h)
-            x1b, y1b, x2b, y2b = w - (x2a - x1a), 0, w, min(y2a - y1a, h)
-        else:  # bottom right
-            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s * 2), min(s * 2, yc + h)
-            x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
-        canvas[y1a:y2a, x1a:x2a] = im[y1b:y2b, x1b:x2b]
+    canvas = 2 * s
+    yc, xc = (int(v) for v in rng.uniform(s // 2, canvas - s // 2, size=2))
+    placements = [_tile_placement(i, xc, yc, size[1], size[0], canvas) for i, size in enumerate(sizes)]
+    M, gain = _perspective_matrix(rng, s, s, (canvas, canvas), degrees, translate, scale, shear, perspective)
+    out = np.full((s, s, images[0].shape[2]), fill[0], dtype=np.uint8)
+    canvas_labels = []
+    for im, size, lb, (rect, (x1b, y1b)) in zip(images, sizes, labels, placements):
+        offset = (rect[0] - x1b, rect[1] - y1b)
+        _warp_tile(out, im, size, rect, (x1b, y1b), M, perspective)
         shifted = lb.astype(np.float64, copy=True)
-        shifted[:, [1, 3]] += x1a - x1b
-        shifted[:, [2, 4]] += y1a - y1b
-        out_labels.append(shifted)
-    out = np.concatenate(out_labels, 0) if out_labels else np.zeros((0, 5))
-    out[:, [1, 3]] = out[:, [1, 3]].clip(0, 2 * s)
-    out[:, [2, 4]] = out[:, [2, 4]].clip(0, 2 * s)
-    return canvas, out
+        shifted[:, [1, 3]] += offset[0]
+        shifted[:, [2, 4]] += offset[1]
+        canvas_labels.append(shifted)
+    targets = np.concatenate(canvas_labels, 0)
+    targets[:, 1:] = targets[:, 1:].clip(0, canvas)
+    return out, _warp_targets(targets, M, gain, s, s, perspective)
 
 
 def mixup(im, labels, im2, labels2, rng):

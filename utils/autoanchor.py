@@ -59,7 +59,8 @@ def dataset_box_sizes(dataset, imgsz: int, scale: np.ndarray | None = None) -> n
     shapes = imgsz * shapes / shapes.max(1, keepdims=True)
     if scale is not None:
         shapes = shapes * scale
-    sizes = [np.asarray(labels, dtype=np.float64).reshape(-1, 5)[:, 3:5] * s for s, labels in zip(shapes, dataset.labels)]
+    sizes = [np.asarray(labels, dtype=np.float64).reshape(-1, 5)[:, 3:5] * s
+             for s, labels in zip(shapes, dataset.labels)]
     return np.concatenate(sizes, 0) if sizes else np.zeros((0, 2))
 
 
@@ -103,7 +104,7 @@ def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640, seed: int 
     if placeholder:
         LOGGER.info(f"{PREFIX}model YAML gives anchors as a count, computing them from the data set")
     else:
-        LOGGER.info(f"{PREFIX}{aat:.2f} anchors/target, {bpr:.3f} Best Possible Recall (BPR). ")
+        LOGGER.info(f"{PREFIX}{aat:.2f} anchors/target, {bpr:.3f} Best Possible Recall (BPR)")
         if bpr >= BPR_TARGET:
             LOGGER.info(f"{PREFIX}current anchors are a good fit to the data set ✅")
             return False
@@ -116,7 +117,9 @@ def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640, seed: int 
         return False
 
     _install_anchors(detect, new, stride)
-    LOGGER.info(f"{PREFIX}new anchors saved to the model (BPR {new_bpr:.4f}); update the model YAML to reuse them")
+    _record_anchors_in_yaml(model, detect)
+    LOGGER.info(f"{PREFIX}new anchors saved to the model (BPR {new_bpr:.4f}): "
+                + ", ".join(f"{w:.0f},{h:.0f}" for w, h in new))
     return True
 
 
@@ -127,6 +130,18 @@ def _install_anchors(detect, anchors_px: np.ndarray, stride: torch.Tensor) -> No
         buffer[:] = torch.as_tensor(anchors_px, device=buffer.device, dtype=buffer.dtype).view_as(buffer)
         check_anchor_order(detect)
         buffer /= stride.to(buffer.dtype)
+
+
+def _record_anchors_in_yaml(model, detect) -> None:
+    """Write the fitted pixel anchors into ``model.yaml`` so a checkpoint's model configuration carries them.
+
+    Without this a model rebuilt from the saved configuration would still say ``anchors: N`` and
+    AutoAnchor would discard the fitted anchors of transferred weights.
+    """
+    if not isinstance(getattr(model, "yaml", None), dict):
+        return
+    pixels = (detect.anchors.detach() * detect.stride.to(detect.anchors.device).view(-1, 1, 1)).cpu()
+    model.yaml["anchors"] = [[round(float(v), 2) for v in level.flatten()] for level in pixels]
 
 
 def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, iterations: int = KMEANS_ITERATIONS,
@@ -204,7 +219,8 @@ def kmean_anchors(dataset, n: int = 9, img_size: int = 640, thr: float = 4.0, ge
         LOGGER.warning(f"{PREFIX}WARNING ⚠️ ignoring {len(wh_all) - len(wh)} labels under "
                        f"{MIN_BOX_PIXELS:g} pixels on both sides for k-means")
     if not len(wh):
-        raise UserError(f"cannot compute anchors: every label is under {MIN_BOX_PIXELS:g} pixels at --imgsz {img_size}")
+        raise UserError(f"cannot compute anchors: every label is under {MIN_BOX_PIXELS:g} pixels "
+                        f"at --imgsz {img_size}")
 
     anchors = _initial_anchors(wh, n, img_size, rng)
     anchors = _evolve_anchors(wh, anchors, thr, gen, rng)
@@ -220,7 +236,8 @@ def _initial_anchors(wh: np.ndarray, n: int, img_size: int, rng: np.random.Gener
     if n <= len(np.unique(wh, axis=0)) and (spread > 0).all():
         LOGGER.info(f"{PREFIX}running k-means for {n} anchors on {len(wh)} points...")
         return kmeans(wh / spread, n, rng) * spread
-    LOGGER.warning(f"{PREFIX}WARNING ⚠️ k-means needs {n} distinct box sizes, found fewer; using random initial anchors")
+    LOGGER.warning(f"{PREFIX}WARNING ⚠️ k-means needs {n} distinct box sizes, found fewer; "
+                   "using random initial anchors")
     return np.sort(rng.random(n * 2)).reshape(n, 2) * img_size
 
 
@@ -230,7 +247,8 @@ def anchor_fitness(wh: np.ndarray, anchors: np.ndarray, thr: float) -> float:
     return float((best * (best > 1 / thr)).mean())
 
 
-def _evolve_anchors(wh: np.ndarray, anchors: np.ndarray, thr: float, gen: int, rng: np.random.Generator) -> np.ndarray:
+def _evolve_anchors(wh: np.ndarray, anchors: np.ndarray, thr: float, gen: int,
+                    rng: np.random.Generator) -> np.ndarray:
     """Genetic refinement: multiply anchors by random factors, keep a mutation only if fitness rises."""
     wh = wh.astype(np.float32)
     anchors = anchors.astype(np.float32)
@@ -254,6 +272,6 @@ def _log_anchor_summary(wh: np.ndarray, anchors: np.ndarray, thr: float, img_siz
     x, best = anchor_ratio_metric(wh, anchors.astype(np.float64))
     above = x * (x > 1 / thr)
     LOGGER.info(f"{PREFIX}thr={1 / thr:.2f}: {bpr:.4f} best possible recall, {aat:.2f} anchors past thr")
-    LOGGER.info(f"{PREFIX}n={len(anchors)}, img_size={img_size}, metric_all={x.mean():.3f}/{best.mean():.3f}-mean/best, "
-                f"past_thr={above[above > 0].mean() if (above > 0).any() else 0.0:.3f}-mean: "
+    LOGGER.info(f"{PREFIX}n={len(anchors)}, img_size={img_size}, "
+                f"metric_all={x.mean():.3f}/{best.mean():.3f}-mean/best, past_thr={above[above > 0].mean() if (above > 0).any() else 0.0:.3f}-mean: "
                 + ", ".join(f"{round(w)},{round(h)}" for w, h in anchors))

@@ -27,12 +27,14 @@ def fit_batch_size(batch_sizes, memory_gib, budget_gib: float, default: int = 16
     """
     measured = [(b, m) for b, m in zip(batch_sizes, memory_gib) if m is not None]
     if len(measured) < 2:
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ fewer than two batch sizes profiled, using default batch-size {default}")
+        LOGGER.warning(f"{PREFIX}WARNING ⚠️ fewer than two batch sizes profiled, "
+                       f"using default batch-size {default}")
         return default, None
     sizes, memory = (np.array(v, dtype=np.float64) for v in zip(*measured))
     slope, intercept = np.polyfit(sizes, memory, deg=1)
     if slope <= 0:
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ memory does not grow with batch size, using default batch-size {default}")
+        LOGGER.warning(f"{PREFIX}WARNING ⚠️ memory does not grow with batch size, "
+                       f"using default batch-size {default}")
         return default, None
     batch = int(np.floor(round((budget_gib - intercept) / slope, 6)))  # round first: fit noise must not cost a batch
     failed = [b for b, m in zip(batch_sizes, memory_gib) if m is None]
@@ -46,14 +48,16 @@ def fit_batch_size(batch_sizes, memory_gib, budget_gib: float, default: int = 16
     return batch, np.array([slope, intercept])
 
 
-def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: float = 0.6, default: int = 16) -> int:
+def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: float = 0.6,
+                           default: int = 16) -> int:
     """Batch size that uses about ``fraction`` of the free memory of the model's CUDA device."""
     device = next(model.parameters()).device
     if device.type != "cuda":
         LOGGER.info(f"{PREFIX}AutoBatch needs a CUDA device, using default batch-size {default} on {device.type}")
         return default
     if torch.backends.cudnn.benchmark:
-        LOGGER.info(f"{PREFIX}cudnn.benchmark=True makes memory use unpredictable, using default batch-size {default}")
+        LOGGER.info(f"{PREFIX}cudnn.benchmark=True makes memory use unpredictable, "
+                    f"using default batch-size {default}")
         return default
 
     torch.cuda.empty_cache()

@@ -92,7 +92,8 @@ def _fitness_of_rows(path, names: list[str], rows: np.ndarray) -> np.ndarray:
     """Fitness of every generation in an evolve.csv, from its mAP columns."""
     missing = [key for key in (MAP50_KEY, MAP50_95_KEY) if key not in names]
     if missing:
-        raise UserError(f"{path}: no column {missing[0]!r}; it is not an evolve.csv written by this project or YOLOv5")
+        raise UserError(f"{path}: no column {missing[0]!r}; "
+                        "it is not an evolve.csv written by this project or YOLOv5")
     return evolve_fitness(rows[:, names.index(MAP50_KEY)], rows[:, names.index(MAP50_95_KEY)])
 
 
@@ -176,13 +177,16 @@ def _mutation_factors(scales: np.ndarray, rng: np.random.Generator) -> np.ndarra
     factors = np.ones(len(scales))
     while scales.any() and (factors == 1).all():
         mutate = rng.random(len(scales)) < MUTATION_PROB
-        factors = (scales * mutate * rng.standard_normal(len(scales)) * rng.random() * MUTATION_SIGMA + 1).clip(0.3, 3.0)
+        step = scales * mutate * rng.standard_normal(len(scales)) * rng.random() * MUTATION_SIGMA
+        factors = (step + 1).clip(0.3, 3.0)
     return factors
 
 
-def best_hyp(evolve_csv) -> dict:
-    """Hyperparameters of the fittest generation; also written to ``hyp_evolve.yaml`` beside the csv."""
+def best_hyp(evolve_csv, save_path=None) -> dict:
+    """Hyperparameters of the fittest generation; also written to ``save_path`` (default: ``hyp_evolve.yaml``
+    beside the csv)."""
     path = Path(evolve_csv)
+    save_path = Path(save_path) if save_path else path.with_name("hyp_evolve.yaml")
     names, rows = read_evolve_csv(path)
     if not len(rows):
         raise UserError(f"{path}: no generations recorded yet")
@@ -192,9 +196,9 @@ def best_hyp(evolve_csv) -> dict:
     results = ", ".join(f"{name}={rows[best, i]:.5g}" for i, name in enumerate(names) if "/" in name)
     header = (f"# Hyperparameter evolution results\n# Generations: {len(rows)}\n"
               f"# Best generation: {best + 1} (fitness {fitness[best]:.5g})\n# {results}\n")
-    atomic_write_bytes(path.with_name("hyp_evolve.yaml"), (header + yaml.safe_dump(hyp, sort_keys=False)).encode())
+    atomic_write_bytes(save_path, (header + yaml.safe_dump(hyp, sort_keys=False)).encode())
     LOGGER.info(f"{PREFIX}best of {len(rows)} generations is generation {best + 1}, "
-                f"fitness {fitness[best]:.5g}, saved to {path.with_name('hyp_evolve.yaml')}")
+                f"fitness {fitness[best]:.5g}, saved to {save_path}")
     return hyp
 
 

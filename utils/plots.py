@@ -335,3 +335,22 @@ def save_one_box(xyxy, im, file=Path("im.jpg"), gain=1.02, pad=10, square=False,
         file.parent.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(file), crop)
     return crop
+
+
+def plot_val_study(files, save_path):
+    """Plot val.py --task study files (rows: size, P, R, mAP50, mAP50-95, 3 losses, 3 times in ms)
+    as mAP50-95 against image size and against inference time per image."""
+    fig = _new_figure((10, 4))
+    by_size, by_time = fig.subplots(1, 2)
+    for file in files:
+        rows = np.atleast_2d(np.loadtxt(file))
+        label = Path(file).stem.replace("study_", "")
+        by_size.plot(rows[:, 0], rows[:, 4], ".-", linewidth=2, label=label)
+        by_time.plot(rows[:, 9], rows[:, 4], ".-", linewidth=2, label=label)
+    by_size.set_xlabel("image size (pixels)")
+    by_time.set_xlabel("inference time per image (ms)")
+    for ax in (by_size, by_time):
+        ax.set_ylabel("mAP50-95")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    _save_figure(fig, save_path, dpi=150)

@@ -779,8 +779,8 @@ class _ModuleTracker:
     """Forward hooks on every module: a stack of active module paths, and autograd-node tagging.
 
     After a module's forward, its new autograd nodes (those created since its pre-hook, not yet
-    claimed by an inner module) get the module path in ``Node.metadata``, which the backward pass
-    reads through ``torch._C._current_autograd_node()``.
+    claimed by an inner module, whose hook ran first) get the module path in ``Node.metadata``,
+    which the backward pass reads through ``torch._C._current_autograd_node()``.
     """
 
     def __init__(self, model: nn.Module):
@@ -811,12 +811,13 @@ class _ModuleTracker:
         seen = set()
         while pending:
             node = pending.pop()
-            if node is None or node in seen or _MODULE_KEY in node.metadata:
+            if node is None or node in seen:
                 continue
             seen.add(node)
             if type(node).__name__ == "AccumulateGrad" or node._sequence_nr() < first:
                 continue  # a leaf, or a node made before this module ran
-            node.metadata[_MODULE_KEY] = label
+            # Inner modules tagged their nodes already; walk through them to reach this module's own.
+            node.metadata.setdefault(_MODULE_KEY, label)
             pending.extend(next_node for next_node, _ in node.next_functions)
 
     def remove(self) -> None:

@@ -1,0 +1,307 @@
+"""Run a trained detector on images, folders, globs, .txt lists, videos or a webcam (YOLOv5's flags).
+
+Usage:
+    python detect.py --weights best.pt --source img.jpg          # one image
+    python detect.py --weights best.pt --source path/to/folder/  # every image and video inside
+    python detect.py --weights best.pt --source 'images/*.jpg'   # glob
+    python detect.py --weights best.pt --source list.txt         # one path per line
+    python detect.py --weights best.pt --source clip.mp4         # video (written at its own fps and size)
+    python detect.py --weights best.pt --source 0                # webcam 0, if a camera is attached
+"""
+
+import argparse
+import csv
+import sys
+from collections import Counter
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from models.experimental import attempt_load, tta_forward  # noqa: E402
+from utils.augmentations import letterbox  # noqa: E402
+from utils.dataloaders import LoadImages  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files import increment_path, yaml_load  # noqa: E402
+from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
+from utils.plots import Annotator, colors, save_one_box  # noqa: E402
+from utils.torch_utils import select_device, time_sync  # noqa: E402
+
+CSV_HEADER = ["image", "frame", "class", "name", "confidence", "x1", "y1", "x2", "y2"]
+
+
+class Webcam:
+    """Frames from camera ``index`` as LoadImages-style tuples (path, im (3, h, w) RGB, im0 BGR, cap, s)."""
+
+    def __init__(self, index, img_size, stride, vid_stride=1):
+        self.cap = cv2.VideoCapture(index)
+        if not self.cap.isOpened():
+            raise UserError(f"--source {index}: no camera with index {index} could be opened; "
+                            "attach one or pass an image, folder, video or .txt list")
+        self.path, self.img_size, self.stride = f"webcam{index}", img_size, stride
+        self.vid_stride = max(int(vid_stride), 1)
+        self.mode, self.frame = "stream", 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        for _ in range(self.vid_stride - 1):
+            self.cap.grab()
+        ok, im0 = self.cap.read()
+        if not ok:
+            self.cap.release()
+            raise StopIteration
+        self.frame += 1
+        im = letterbox(im0, self.img_size, stride=self.stride, auto=True)[0]
+        im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])
+        return self.path, im, im0, self.cap, f"{self.path} frame {self.frame}: "
+
+
+class VideoSink:
+    """Writes annotated frames to one mp4 (mp4v) per input video, at the input's fps and frame size."""
+
+    def __init__(self):
+        self.path, self.writer = None, None
+
+    def write(self, save_path, frame, cap):
+        if save_path != self.path:
+            self.release()
+            fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 0
+            h, w = frame.shape[:2]
+            self.path = save_path
+            self.writer = cv2.VideoWriter(str(Path(save_path).with_suffix(".mp4")), cv2.VideoWriter_fourcc(*"mp4v"),
+                                          fps if fps > 0 else 30, (w, h))
+        self.writer.write(frame)
+
+    def release(self):
+        if self.writer is not None:
+            self.writer.release()
+        self.path, self.writer = None, None
+
+
+class SourceSummary:
+    """Detections per class and time per frame for each source file, logged when the source changes."""
+
+    def __init__(self, names):
+        self.names, self.path = names, None
+        self.counts, self.frames, self.seconds = Counter(), 0, 0.0
+
+    def add(self, path, classes, seconds):
+        if path != self.path:
+            self.flush()
+            self.path = path
+        self.counts.update(int(c) for c in classes)
+        self.frames += 1
+        self.seconds += seconds
+
+    def flush(self):
+        if self.path is not None:
+            found = ", ".join(f"{n} {self.names[c]}" for c, n in sorted(self.counts.items())) or "no detections"
+            LOGGER.info(f"Summary {self.path}: {found}; {self.frames} frame(s), "
+                        f"{self.seconds / self.frames * 1e3:.1f}ms per frame")
+        self.counts, self.frames, self.seconds = Counter(), 0, 0.0
+
+
+def class_names(model, data):
+    """Names from ``--data`` (when given, and its count must match the model) or from the checkpoint."""
+    names = list(model.names)
+    if data:
+        data_names = yaml_load(data).get("names")
+        data_names = list(data_names.values()) if isinstance(data_names, dict) else data_names
+        if not isinstance(data_names, list) or len(data_names) != len(names):
+            raise UserError(f"--data {data}: 'names' must list {len(names)} class names to match the weights")
+        names = [str(n) for n in data_names]
+    return names
+
+
+def open_source(source, imgsz, stride, vid_stride):
+    """A webcam for a numeric ``source``, otherwise LoadImages (image, folder, glob, .txt list, video)."""
+    if str(source).isnumeric():
+        return Webcam(int(source), imgsz, stride, vid_stride)
+    return LoadImages(source, img_size=imgsz, stride=stride, auto=True, vid_stride=vid_stride)
+
+
+def save_path_for(save_dir, path, mode, frame):
+    """Output image/video path and label-file stem for one frame."""
+    p = Path(path)
+    stem = p.stem if mode == "image" else f"{p.stem}_{frame}"
+    return save_dir / p.name, save_dir / "labels" / stem
+
+
+def write_labels(det, im0_shape, save_conf, file):
+    """YOLO-format ``cls x y w h [conf]`` lines (normalised to the original image) for (n, 6) detections."""
+    h, w = im0_shape[:2]
+    lines = []
+    for *xyxy, conf, cls in det.tolist():
+        xywh = xyxy2xywhn(torch.tensor([xyxy]), w=w, h=h)[0].tolist()
+        values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
+        lines.append(("%g " * len(values)).rstrip() % values + "\n")
+    with open(f"{file}.txt", "a") as f:
+        f.writelines(lines)
+
+
+def show(window, frame):
+    """Display ``frame``; OpenCV builds without GUI support give a clear error."""
+    try:
+        cv2.imshow(window, frame)
+        cv2.waitKey(1)
+    except cv2.error:
+        raise UserError("--view-img: this OpenCV build cannot open windows (headless); "
+                        "drop --view-img and look at the saved results instead") from None
+
+
+def annotate(im0, det, names, line_thickness, hide_labels, hide_conf):
+    """Draw (n, 6) detections on a copy of BGR ``im0``; returns the annotated copy."""
+    label_text = [names[int(c)] for c in det[:, 5]]
+    annotator = Annotator(im0.copy(), line_width=line_thickness, pil=not all(s.isascii() for s in label_text))
+    for (*xyxy, conf, cls), name in zip(det.tolist(), label_text):
+        label = None if hide_labels else (name if hide_conf else f"{name} {conf:.2f}")
+        annotator.box_label(xyxy, label or "", color=colors(int(cls), bgr=True))
+    return annotator.result()
+
+
+@torch.no_grad()
+def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres=0.45, max_det=1000, device="",
+        view_img=False, save_txt=False, save_csv=False, save_conf=False, save_crop=False, nosave=False, classes=None,
+        agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
+        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1):
+    """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
+
+    Returns the run folder.
+    """
+    save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
+    (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
+    device = select_device(device)
+    model = attempt_load(weights, device=device, fuse=True)
+    stride = int(model.stride.max())
+    imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)
+    imgsz = check_img_size(imgsz, stride=stride)
+    half &= device.type == "cuda"
+    if half:
+        model.half()
+    names = class_names(model, data)
+    dataset = open_source(source, imgsz, stride, vid_stride)
+
+    video, summary = VideoSink(), SourceSummary(names)
+    dt, seen = [0.0, 0.0, 0.0], 0
+    for path, im, im0, cap, s in dataset:
+        t0 = time_sync()
+        im = torch.from_numpy(im).to(device)[None]
+        im = (im.half() if half else im.float()) / 255
+        t1 = time_sync()
+        pred = tta_forward(model, im)[0] if augment else model(im)[0]
+        t2 = time_sync()
+        det = non_max_suppression(pred, conf_thres, iou_thres, classes, agnostic_nms, max_det=max_det)[0]
+        t3 = time_sync()
+        dt = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2]
+        seen += 1
+        det[:, :4] = scale_boxes(im.shape[2:], det[:, :4], im0.shape).round()
+        frame = dataset.frame if dataset.mode != "image" else 0
+        save_path, label_stem = save_path_for(save_dir, path, dataset.mode, frame)
+
+        if save_txt:
+            write_labels(det, im0.shape, save_conf, label_stem)
+        if save_csv:
+            append_csv(save_dir / "predictions.csv", path, frame, det, names)
+        if save_crop:
+            for *xyxy, _, cls in det.tolist():
+                crop_file = increment_path(save_dir / "crops" / names[int(cls)] / f"{Path(path).stem}.jpg")
+                save_one_box(xyxy, im0, file=crop_file)
+        annotated = annotate(im0, det, names, line_thickness, hide_labels, hide_conf)
+        if view_img:
+            show(str(path), annotated)
+        if not nosave:
+            if dataset.mode == "image":
+                cv2.imwrite(str(save_path), annotated)
+            else:
+                video.write(save_path, annotated, cap)
+
+        counts = Counter(int(c) for c in det[:, 5])
+        found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
+        LOGGER.info(f"{s}{found or '(no detections), '}{(t2 - t1) * 1e3:.1f}ms")
+        summary.add(path, det[:, 5].tolist(), t3 - t0)
+
+    video.release()
+    summary.flush()
+    report(dt, seen, imgsz, save_dir, save_txt, nosave)
+    return save_dir
+
+
+def append_csv(file, path, frame, det, names):
+    """Append one row per detection to ``file`` (header written when the file is new)."""
+    new = not file.exists()
+    with open(file, "a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(CSV_HEADER)
+        for *xyxy, conf, cls in det.tolist():
+            writer.writerow([Path(path).name, frame, int(cls), names[int(cls)], f"{conf:.4f}",
+                             *(f"{v:.1f}" for v in xyxy)])
+
+
+def report(dt, seen, imgsz, save_dir, save_txt, nosave):
+    """Log per-image speed and where results went."""
+    if seen == 0:
+        LOGGER.warning("WARNING no frames were read from --source")
+        return
+    per_image = tuple(x / seen * 1e3 for x in dt)
+    LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
+                f"{(1, 3, *imgsz)}" % per_image)
+    if save_txt or not nosave:
+        labels = f"\n{len(list(save_dir.glob('labels/*.txt')))} labels saved to {save_dir / 'labels'}" if save_txt else ""
+        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
+
+
+def parse_opt(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", nargs="+", type=str, required=True, help="checkpoint(s); several = ensemble")
+    parser.add_argument("--source", type=str, required=True, help="file, folder, glob, .txt list, video or webcam index")
+    parser.add_argument("--data", type=str, default=None, help="optional data set YAML for class names")
+    parser.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="inference size h,w")
+    parser.add_argument("--conf-thres", type=float, default=0.25, help="confidence threshold")
+    parser.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
+    parser.add_argument("--max-det", type=int, default=1000, help="maximum detections per image")
+    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    parser.add_argument("--view-img", action="store_true", help="show results")
+    parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
+    parser.add_argument("--save-csv", action="store_true", help="save results in CSV format")
+    parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
+    parser.add_argument("--save-crop", action="store_true", help="save cropped prediction boxes")
+    parser.add_argument("--nosave", action="store_true", help="do not save images/videos")
+    parser.add_argument("--classes", nargs="+", type=int, help="filter by class: --classes 0, or --classes 0 2 3")
+    parser.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
+    parser.add_argument("--augment", action="store_true", help="test-time augmentation")
+    parser.add_argument("--project", default=ROOT / "runs/detect", help="save results to project/name")
+    parser.add_argument("--name", default="exp", help="save results to project/name")
+    parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
+    parser.add_argument("--line-thickness", default=3, type=int, help="bounding box thickness (pixels)")
+    parser.add_argument("--hide-labels", action="store_true", help="hide labels")
+    parser.add_argument("--hide-conf", action="store_true", help="hide confidences")
+    parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
+    parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride")
+    opt = parser.parse_args(argv)
+    if len(opt.imgsz) > 2 or min(opt.imgsz) < 1:
+        raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
+    if opt.vid_stride < 1:
+        raise UserError(f"--vid-stride {opt.vid_stride}: must be a positive integer")
+    if opt.line_thickness < 1:
+        raise UserError(f"--line-thickness {opt.line_thickness}: must be a positive integer")
+    opt.weights = opt.weights if len(opt.weights) > 1 else opt.weights[0]
+    return opt
+
+
+@exit_on_user_error
+def cli(argv=None):
+    opt = parse_opt(argv)
+    run(**vars(opt))
+
+
+if __name__ == "__main__":
+    cli()

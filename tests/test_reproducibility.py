@@ -1,0 +1,121 @@
+"""The reproducibility guarantees: reruns, worker counts and resumes (even after SIGKILL) are bit-identical."""
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)
+
+
+def run_in_process(project: Path, name: str, data, cfg, **overrides) -> Path:
+    train.run(**{**SETTINGS, "data": str(data), "cfg": str(cfg), "project": str(project), "name": name,
+                 "workers": 0, **overrides})
+    return project / name
+
+
+def checksum(run_dir: Path) -> str:
+    return (run_dir / "weights" / "sha256.txt").read_text().split()[0]
+
+
+def results(run_dir: Path) -> list:
+    with open(run_dir / "results.csv") as f:
+        return list(csv.reader(f))
+
+
+def final_weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "weights" / "last.pt", weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
+    """The uninterrupted reference run: seed 0, workers 0, 2 epochs of 4 batches."""
+    return run_in_process(tmp_path_factory.mktemp("repro"), "reference", shapes_data, tiny_cfg)
+
+
+def assert_identical(run_dir: Path, reference: Path) -> None:
+    assert checksum(run_dir) == checksum(reference)
+    assert results(run_dir) == results(reference)
+    ours, theirs = final_weights(run_dir), final_weights(reference)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_checksum_is_printed_and_saved(reference):
+    report = json.loads((reference / "determinism.json").read_text())
+    assert report["final_ema_sha256"] == checksum(reference)
+    assert len(checksum(reference)) == 64
+    for key in ("mode", "seed", "audit", "relaxed_backward", "versions", "devices", "CUBLAS_WORKSPACE_CONFIG",
+                "PYTHONHASHSEED", "world_size", "workers", "label_cache_hash"):
+        assert key in report, key
+
+
+def test_same_command_same_seed_is_bit_identical(reference, shapes_data, tiny_cfg, tmp_path):
+    assert_identical(run_in_process(tmp_path, "again", shapes_data, tiny_cfg), reference)
+
+
+def test_worker_count_does_not_change_results(reference, shapes_data, tiny_cfg, tmp_path):
+    assert_identical(run_in_process(tmp_path, "workers2", shapes_data, tiny_cfg, workers=2), reference)
+
+
+def test_strict_mode_gives_the_same_weights_as_off_on_cpu(reference, shapes_data, tiny_cfg, tmp_path):
+    """On a clean model the audit relaxes nothing, and strict changes no arithmetic on CPU."""
+    run_dir = run_in_process(tmp_path, "strict", shapes_data, tiny_cfg, deterministic="strict")
+    assert_identical(run_dir, reference)
+    report = json.loads((run_dir / "determinism.json").read_text())
+    assert report["mode"] == "strict" and report["relaxed_backward"] is False
+
+
+def test_different_seeds_give_different_weights(reference, shapes_data, tiny_cfg, tmp_path):
+    run_dir = run_in_process(tmp_path, "seed1", shapes_data, tiny_cfg, seed=1)
+    assert checksum(run_dir) != checksum(reference)
+
+
+def kill_when(cmd, last_pt: Path, position_ok, timeout: float = 240) -> list:
+    """Start ``cmd``, SIGKILL it once ``last.pt`` records a position accepted by ``position_ok``."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    position = None
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if last_pt.exists():
+                ckpt = torch.load(last_pt, weights_only=True)
+                position = ckpt.get("next_position")
+                if ckpt.get("optimizer") is not None and position_ok(position):
+                    proc.send_signal(signal.SIGKILL)
+                    break
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    return position
+
+
+def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
+    return [sys.executable, "train.py", "--data", str(data), "--cfg", str(cfg), "--project", str(project),
+            "--name", name, "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--device", "cpu",
+            "--workers", "0", "--noplots", "--exist-ok", *extra]
+
+
+@pytest.mark.parametrize("save_interval, wanted", [
+    ("0", lambda pos: pos == [1, 0]),                        # killed after epoch 0 ended
+    ("0.000001", lambda pos: pos[0] == 1 and pos[1] > 0),    # killed mid-epoch, after a mid-epoch save
+])
+def test_sigkill_then_resume_is_bit_identical(reference, shapes_data, tiny_cfg, tmp_path, save_interval, wanted):
+    last_pt = tmp_path / "killed" / "weights" / "last.pt"
+    cmd = train_cmd(shapes_data, tiny_cfg, tmp_path, "killed", "--save-interval", save_interval)
+    position = kill_when(cmd, last_pt, wanted)
+    assert position is not None and wanted(position), f"run was not killed at the wanted point: {position}"
+    resumed = subprocess.run([sys.executable, "train.py", "--resume", str(last_pt)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert_identical(tmp_path / "killed", reference)

@@ -1,0 +1,250 @@
+"""Weights loading, TTA, val.py and detect.py end to end on generated data (CPU, 64 px)."""
+
+import copy
+import csv
+import json
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import detect
+import val
+from models.experimental import Ensemble, attempt_load, tta_forward
+from models.yolo import Model
+from utils.checkpoints import save_checkpoint
+from utils.errors import UserError
+
+NAMES = ["circle", "square", "triangle", "cross"]
+
+
+def _confident_model(cfg):
+    """Tiny 4-class model whose objectness and class biases are raised so it always detects something."""
+    torch.manual_seed(0)
+    model = Model(cfg, nc=len(NAMES))
+    with torch.no_grad():
+        for conv in model.model[-1].m:
+            conv.bias.view(model.model[-1].na, -1)[:, 4:] += 6.0
+    return model.eval()
+
+
+def _write_checkpoint(net, path, **overrides):
+    ckpt = {"model_cfg": net.yaml, "nc": len(NAMES), "names": NAMES,
+            "model": {k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()},
+            "ema": None, "epoch": 3, "best_fitness": 0.0}
+    ckpt.update(overrides)
+    save_checkpoint(ckpt, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_cfg):
+    """(model, checkpoint path) for the confident tiny model, weights stored in fp16."""
+    model = _confident_model(tiny_cfg)
+    return model, _write_checkpoint(model, tmp_path_factory.mktemp("weights") / "tiny.pt")
+
+
+def test_attempt_load_rebuilds_fuses_and_matches(trained):
+    model, weights = trained
+    loaded = attempt_load(weights, device="cpu")
+    assert loaded.names == NAMES
+    assert torch.equal(loaded.stride, model.stride)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in loaded.modules()), "Conv+BN should be fused"
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    im = torch.rand(1, 3, 64, 64)
+    reference = copy.deepcopy(model).half().float()(im)[0]  # same fp16-rounded weights, unfused
+    assert torch.allclose(loaded(im)[0], reference, atol=1e-3, rtol=1e-3)
+    unfused = attempt_load(weights, fuse=False)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in unfused.modules())
+
+
+def test_attempt_load_prefers_ema_and_builds_ensembles(trained, tmp_path):
+    model, weights = trained
+    ema_state = {k: v.clone() for k, v in model.state_dict().items()}
+    ema_state["model.24.m.0.bias"] = ema_state["model.24.m.0.bias"] + 1.0
+    with_ema = _write_checkpoint(model, tmp_path / "ema.pt", ema=ema_state)
+    loaded = attempt_load(with_ema, fuse=False)
+    assert torch.allclose(loaded.model[24].m[0].bias, ema_state["model.24.m.0.bias"])
+
+    ensemble = attempt_load([weights, with_ema])
+    assert isinstance(ensemble, Ensemble) and ensemble.names == NAMES and ensemble.nc == 4
+    single = attempt_load(weights)(torch.rand(1, 3, 64, 64))[0]
+    assert ensemble(torch.rand(1, 3, 64, 64))[0].shape[1] == 2 * single.shape[1]
+
+
+def test_attempt_load_errors_are_one_line(trained, tmp_path):
+    model, _ = trained
+    with pytest.raises(UserError, match="not found"):
+        attempt_load(tmp_path / "missing.pt")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"PK\x03\x04 this is not a checkpoint" * 10)
+    with pytest.raises(UserError, match="corrupt.pt") as err:
+        attempt_load(corrupt)
+    assert "\n" not in str(err.value)
+    not_ckpt = tmp_path / "list.pt"
+    torch.save([1, 2, 3], not_ckpt)
+    with pytest.raises(UserError, match="not a checkpoint"):
+        attempt_load(not_ckpt)
+    state = model.state_dict()
+    state["model.24.m.0.weight"] = torch.zeros(3, 3, 1, 1)
+    misfit = _write_checkpoint(model, tmp_path / "misfit.pt", model=state)
+    with pytest.raises(UserError, match="do not fit.*model.24.m.0.weight"):
+        attempt_load(misfit)
+    with pytest.raises(UserError, match="--weights"):
+        attempt_load([])
+
+
+class _BrightestPixelModel(nn.Module):
+    """Fake detector: one 4x4 box centred on the brightest pixel of each image (input pixels)."""
+
+    stride = torch.tensor([8.0])
+
+    def forward(self, x):
+        bs, _, h, w = x.shape
+        flat = x.sum(1).view(bs, -1).argmax(1)
+        ys, xs = (flat // w).float() + 0.5, (flat % w).float() + 0.5
+        pred = torch.stack((xs, ys, torch.full_like(xs, 4), torch.full_like(xs, 4), torch.ones_like(xs)), 1)
+        return pred[:, None], None
+
+
+def test_tta_maps_scaled_and_flipped_predictions_back():
+    im = torch.zeros(1, 3, 64, 96)
+    im[0, :, 20, 10] = 1.0
+    pred, _ = tta_forward(_BrightestPixelModel(), im)
+    assert pred.shape == (1, 3, 5)
+    assert torch.allclose(pred[0, :, 0], torch.full((3,), 10.5), atol=1.5), pred[0, :, 0]
+    assert torch.allclose(pred[0, :, 1], torch.full((3,), 20.5), atol=1.5), pred[0, :, 1]
+
+
+def _check_yolo_lines(files, with_conf):
+    lines = [line.split() for f in files for line in f.read_text().splitlines()]
+    assert lines, "expected at least one label line"
+    for parts in lines:
+        assert len(parts) == (6 if with_conf else 5)
+        assert 0 <= int(parts[0]) < len(NAMES)
+        values = [float(v) for v in parts[1:]]
+        assert all(0.0 <= v <= 1.0 for v in values)
+    return lines
+
+
+def test_val_end_to_end_writes_metrics_plots_labels_and_coco_json(trained, shapes_data, tmp_path):
+    _, weights = trained
+    (mp, mr, map50, map_, *losses), maps, times = val.run(
+        shapes_data, weights=str(weights), batch_size=4, imgsz=64, device="cpu", workers=0, save_txt=True,
+        save_conf=True, save_json=True, project=tmp_path, name="val", max_det=30)
+    assert all(0.0 <= v <= 1.0 for v in (mp, mr, map50, map_)) and map50 >= map_
+    assert losses == [0.0, 0.0, 0.0] and len(times) == 3 and maps.shape == (len(NAMES),)
+    out = tmp_path / "val"
+    for name in ("confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
+                 "val_batch0_labels.jpg", "val_batch0_pred.jpg"):
+        assert (out / name).is_file(), name
+    label_files = sorted((out / "labels").glob("*.txt"))
+    assert len(label_files) == 8
+    _check_yolo_lines(label_files, with_conf=True)
+    predictions = json.loads((out / "tiny_predictions.json").read_text())
+    ground_truth = json.loads((out / "ground_truth_coco.json").read_text())
+    assert len(ground_truth["images"]) == 8 and ground_truth["annotations"]
+    image_ids = {im["id"] for im in ground_truth["images"]}
+    assert predictions and {p["image_id"] for p in predictions} <= image_ids
+    assert {p["category_id"] for p in predictions} <= set(range(len(NAMES)))
+
+
+def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
+    from utils.data_config import check_dataset
+    from utils.dataloaders import create_dataloader
+    from utils.loss import ComputeLoss
+
+    model = copy.deepcopy(trained[0])
+    model.hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0,
+                 "fl_gamma": 0.0}
+    data = check_dataset(shapes_data)
+    loader = create_dataloader(data["val"], 64, 8, 16, pad=0.5, rect=True, workers=0)[0]
+    results, maps, _ = val.run(data, batch_size=8, imgsz=64, model=model, dataloader=loader, save_dir=tmp_path,
+                               plots=False, compute_loss=ComputeLoss(model), half=True)
+    assert len(results) == 7 and all(np.isfinite(results))
+    assert results[4] > 0 and results[5] > 0, "validation losses should be reported"
+    assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert next(model.parameters()).dtype == torch.float32
+    assert not list(tmp_path.glob("*.png")), "plots=False writes no plots"
+
+
+def _make_media(folder):
+    """Two still images of different sizes and a 6-frame 96 x 64 video at 5 fps."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(folder / "a.jpg"), rng.integers(0, 255, (80, 120, 3), dtype=np.uint8))
+    cv2.imwrite(str(folder / "b.png"), rng.integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    writer = cv2.VideoWriter(str(folder / "clip.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 5, (96, 64))
+    for i in range(6):
+        writer.write(np.full((64, 96, 3), 40 * i, dtype=np.uint8))
+    writer.release()
+    return folder
+
+
+def test_detect_end_to_end_images_and_video(trained, tmp_path):
+    _, weights = trained
+    source = _make_media(tmp_path / "media")
+    detect.cli(["--weights", str(weights), "--source", str(source), "--imgsz", "64", "--device", "cpu",
+                "--save-txt", "--save-conf", "--save-csv", "--save-crop", "--max-det", "3",
+                "--project", str(tmp_path), "--name", "det"])
+    out = tmp_path / "det"
+    assert cv2.imread(str(out / "a.jpg")).shape == (80, 120, 3)
+    assert cv2.imread(str(out / "b.png")).shape == (64, 64, 3)
+    video = cv2.VideoCapture(str(out / "clip.mp4"))
+    assert video.get(cv2.CAP_PROP_FPS) == pytest.approx(5.0)
+    assert (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (96, 64)
+    assert int(video.get(cv2.CAP_PROP_FRAME_COUNT)) == 6
+    video.release()
+
+    label_names = sorted(f.name for f in (out / "labels").glob("*.txt"))
+    assert label_names == ["a.txt", "b.txt"] + sorted(f"clip_{i}.txt" for i in range(1, 7))
+    lines = _check_yolo_lines((out / "labels").glob("*.txt"), with_conf=True)
+    assert len(lines) == 8 * 3, "max-det 3 on confident predictions gives 3 per frame"
+    with open(out / "predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 24 and set(rows[0]) == set(detect.CSV_HEADER)
+    assert {r["name"] for r in rows} <= set(NAMES)
+    assert len(list((out / "crops").rglob("*.jpg"))) == 24
+
+
+def test_detect_labels_without_conf_classes_filter_and_nosave(trained, tmp_path):
+    _, weights = trained
+    image = tmp_path / "one.jpg"
+    cv2.imwrite(str(image), np.full((64, 64, 3), 128, np.uint8))
+    out = detect.run(str(weights), str(image), imgsz=(64,), device="cpu", save_txt=True, nosave=True,
+                     classes=[2], project=tmp_path, name="d", max_det=5)
+    lines = _check_yolo_lines([out / "labels" / "one.txt"], with_conf=False)
+    assert {parts[0] for parts in lines} == {"2"}
+    assert not (out / "one.jpg").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--source", "99"], "no camera with index 99"),
+    (["--source", "does/not/exist.jpg"], "does not exist"),
+    (["--source", "{media}", "--data", "{bad_data}"], "must list 4 class names"),
+    (["--source", "{media}", "--conf-thres", "2"], "--conf-thres 2"),
+])
+def test_detect_user_errors_exit_with_one_line(trained, tmp_path, capsys, args, message):
+    _, weights = trained
+    media = _make_media(tmp_path / "media")
+    bad_data = tmp_path / "bad.yaml"
+    bad_data.write_text("names: [one, two]\n")
+    args = [a.format(media=media, bad_data=bad_data) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        detect.cli(["--weights", str(weights), "--device", "cpu", "--imgsz", "64", "--project", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ERROR:") and message in err[0]
+
+
+def test_val_cli_corrupt_weights_is_a_clear_error(shapes_data, tmp_path, capsys):
+    corrupt = tmp_path / "broken.pt"
+    corrupt.write_bytes(b"\x00" * 64)
+    with pytest.raises(SystemExit) as exit_info:
+        val.cli(["--data", str(shapes_data), "--weights", str(corrupt), "--device", "cpu", "--project",
+                 str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.pt" in err[0] and "checkpoint" in err[0]

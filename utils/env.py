@@ -1,0 +1,82 @@
+"""Environment report: library versions, devices, threads and determinism state.
+
+``python -m utils.env`` prints it; training runs save the same dict in their run folder, so a
+difference between two runs can be traced to a difference between two machines.
+"""
+
+import os
+import platform
+import sys
+
+import numpy as np
+import torch
+
+from utils.torch_utils import determinism_state
+
+
+def _optional_version(module_name: str) -> str | None:
+    """``module.__version__`` or None when the package is not installed."""
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        return None
+    return getattr(module, "__version__", None)
+
+
+def _gpus() -> list[dict]:
+    """Name, memory (MiB) and compute capability of every visible CUDA device."""
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append({"index": index, "name": props.name, "memory_mib": props.total_memory // (1 << 20),
+                     "capability": f"{props.major}.{props.minor}"})
+    return gpus
+
+
+def environment_report() -> dict:
+    """Versions, CUDA/cuDNN, GPUs, thread counts and determinism state as plain data."""
+    cuda_available = torch.cuda.is_available()
+    cudnn_available = torch.backends.cudnn.is_available()
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": _optional_version("torchvision"),
+        "opencv": _optional_version("cv2"),
+        "numpy": np.__version__,
+        "cuda_available": cuda_available,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version() if cudnn_available else None,
+        "gpus": _gpus() if cuda_available else [],
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "determinism": determinism_state(),
+    }
+
+
+def format_report(report: dict) -> str:
+    """One ``key: value`` line per fact; nested dicts and GPU lists indented below their key."""
+    lines = []
+    for key, value in report.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            lines.extend(f"  {k}: {v}" for k, v in value.items())
+        elif key == "gpus":
+            lines.append(f"gpus: {len(value) or 'none'}")
+            lines.extend(f"  CUDA:{g['index']} {g['name']}, {g['memory_mib']} MiB, "
+                         f"compute capability {g['capability']}" for g in value)
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Print the environment report."""
+    print(format_report(environment_report()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Validate a trained detector on a YOLO-format data set (YOLOv5's flags and meanings).
+
+Usage:
+    python val.py --data data/shapes.yaml --weights runs/train/exp/weights/best.pt --imgsz 640
+    python val.py ... --save-json          # also COCO JSON + official pycocotools mAP
+    python val.py ... --task speed         # timing only (conf 0.25, iou 0.45)
+    python val.py ... --task study         # mAP and speed over image sizes 256..1536
+
+``run(...)`` is also called by train.py with the live model every epoch.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from models.experimental import attempt_load, tta_forward  # noqa: E402
+from utils.data_config import check_dataset  # noqa: E402
+from utils.dataloaders import create_dataloader  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files import atomic_write_bytes, increment_path  # noqa: E402
+from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
+from utils.ops import (check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh,  # noqa: E402
+                       xyxy2xywhn)
+from utils.plots import output_to_target, plot_images  # noqa: E402
+from utils.torch_utils import select_device, time_sync  # noqa: E402
+
+TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
+TABLE_ROW = "%22s" + "%11i" * 2 + "%11.3g" * 4
+STUDY_SIZES = range(256, 1536 + 128, 128)
+
+
+# ------------------------------------------------------------------------------- COCO JSON
+
+def coco_image_ids(im_files):
+    """{file path str: COCO image id}: int stems when every stem is a number, else the stems themselves."""
+    stems = [Path(f).stem for f in im_files]
+    if len(set(stems)) != len(stems):
+        duplicate = next(s for s in stems if stems.count(s) > 1)
+        raise UserError(f"--save-json: several images are named '{duplicate}'; COCO image ids come from file "
+                        "names, so give every image of the split a unique name")
+    numeric = all(s.isnumeric() for s in stems)
+    return {str(f): int(s) if numeric else s for f, s in zip(im_files, stems)}
+
+
+def coco_ground_truth(im_files, shapes, labels, names):
+    """COCO ground-truth dict from YOLO labels.
+
+    ``shapes`` (N, 2) original (w, h); ``labels`` list of (n, 5) [cls, x, y, w, h] normalised.
+    Category ids are class indices; boxes are [x_min, y_min, w, h] in original pixels.
+    """
+    ids = coco_image_ids(im_files)
+    images, annotations = [], []
+    for f, (w, h), lb in zip(im_files, shapes, labels):
+        image_id = ids[str(f)]
+        images.append({"id": image_id, "file_name": Path(f).name, "width": int(w), "height": int(h)})
+        for cls, x, y, bw, bh in np.asarray(lb, dtype=np.float64).reshape(-1, 5):
+            box = [(x - bw / 2) * w, (y - bh / 2) * h, bw * w, bh * h]
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls),
+                                "bbox": [round(v, 3) for v in box], "area": box[2] * box[3], "iscrowd": 0})
+    categories = [{"id": i, "name": str(n)} for i, n in enumerate(names)]
+    return {"images": images, "annotations": annotations, "categories": categories}
+
+
+def coco_predictions(det, image_id):
+    """COCO result rows from (n, 6) [x1, y1, x2, y2, conf, cls] detections in original pixels."""
+    det = det.detach().cpu().double()
+    boxes = xyxy2xywh(det[:, :4])
+    boxes[:, :2] -= boxes[:, 2:] / 2  # centre -> top-left corner
+    return [{"image_id": image_id, "category_id": int(c), "bbox": [round(v, 3) for v in b],
+             "score": round(float(s), 5)} for b, s, c in zip(boxes.tolist(), det[:, 4], det[:, 5])]
+
+
+def coco_evaluate(gt_json, pred_json):
+    """Official COCO bbox evaluation -> (mAP50-95, mAP50), or None when pycocotools is not installed."""
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+    except ImportError:
+        LOGGER.warning("WARNING pycocotools is not installed; skipping the official COCO evaluation "
+                       "(pip install pycocotools)")
+        return None
+    gt = COCO(str(gt_json))
+    if not json.loads(Path(pred_json).read_text()):
+        LOGGER.warning(f"WARNING {pred_json}: no predictions to evaluate")
+        return 0.0, 0.0
+    evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), "bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    return float(evaluator.stats[0]), float(evaluator.stats[1])
+
+
+# ------------------------------------------------------------------------------- per image
+
+def save_one_txt(predn, save_conf, shape, file):
+    """Append YOLO-format lines ``cls x y w h [conf]`` (normalised to the original ``shape`` (h, w))."""
+    rows = []
+    for *xyxy, conf, cls in predn.tolist():
+        xywh = xyxy2xywhn(torch.tensor([xyxy]), w=shape[1], h=shape[0])[0].tolist()
+        values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
+        rows.append(("%g " * len(values)).rstrip() % values)
+    with open(file, "a") as f:
+        f.write("".join(r + "\n" for r in rows))
+
+
+def _model_device(model):
+    return next(model.parameters()).device
+
+
+def _load_for_cli(weights, device, batch_size, imgsz, half, data):
+    """Standalone validation: weights -> fused eval model on ``device``, checked image size, data dict."""
+    device = select_device(device, batch_size=batch_size)
+    model = attempt_load(weights, device=device, fuse=True)
+    imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
+    half &= device.type == "cuda"
+    if half:
+        model.half()
+    return model, device, imgsz, half, check_dataset(data)
+
+
+def _validation_loader(data, task, imgsz, batch_size, stride, single_cls, workers):
+    if task not in ("train", "val", "test"):
+        task = "val"
+    if data.get(task) is None:
+        raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{task}' split")
+    pad, rect = (0.0, False) if task == "speed" else (0.5, True)
+    return create_dataloader(data[task], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
+                             prefix=colorstr(f"{task}: "), nc=data["nc"])[0]
+
+
+def _class_names(names, model, data):
+    names = names or getattr(model, "names", None) or data["names"]
+    return dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+
+
+@torch.no_grad()
+def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300, task="val",
+        device="", workers=8, single_cls=False, augment=False, verbose=False, save_txt=False, save_hybrid=False,
+        save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False, half=True,
+        model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None):
+    """Validate; returns ``((P, R, mAP50, mAP50-95, box, obj, cls losses), per-class mAP50-95 (nc,), times)``.
+
+    ``times`` = per-image milliseconds (pre-process, inference, NMS). With ``model`` given (from
+    train.py), that model is used as is, ``data`` is the data dict and half precision applies on CUDA only.
+    """
+    training = model is not None
+    if training:
+        device = _model_device(model)
+        half &= device.type == "cuda"
+        if half:
+            model.half()
+    else:
+        save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
+        (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
+        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data)
+    model.eval()
+    nc = 1 if single_cls else int(data["nc"])
+    names = _class_names(names, model, data)
+    if single_cls:
+        names = {0: "item"}
+    if dataloader is None:
+        dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers)
+
+    confusion_matrix = ConfusionMatrix(nc=nc)
+    seen, stats, jdict = 0, [], []
+    dt = [0.0, 0.0, 0.0]
+    loss = torch.zeros(3, device=device)
+    image_ids = coco_image_ids(dataloader.dataset.im_files) if save_json else {}
+    pbar = tqdm(dataloader, desc=TABLE_HEADER, bar_format="{l_bar}{bar:10}{r_bar}")
+    for batch_i, (im, targets, paths, shapes) in enumerate(pbar):
+        t0 = time_sync()
+        im = im.to(device, non_blocking=True)
+        im = (im.half() if half else im.float()) / 255
+        targets = targets.to(device)
+        nb, _, height, width = im.shape
+        t1 = time_sync()
+        preds, train_out = tta_forward(model, im) if augment else model(im)
+        t2 = time_sync()
+        if compute_loss:
+            loss += compute_loss(train_out, targets)[1]
+        targets[:, 2:] *= torch.tensor((width, height, width, height), device=device)
+        hybrid = [targets[targets[:, 0] == i, 1:] for i in range(nb)] if save_hybrid else []
+        preds = non_max_suppression(preds, conf_thres, iou_thres, labels=hybrid, multi_label=True,
+                                    agnostic=single_cls, max_det=max_det)
+        t3 = time_sync()
+        dt[0], dt[1], dt[2] = dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2
+
+        for si, pred in enumerate(preds):
+            seen += 1
+            labels = targets[targets[:, 0] == si, 1:]
+            path, shape = Path(paths[si]), shapes[si][0]
+            stats.append(_image_stats(pred, labels, im[si].shape[1:], shapes[si], single_cls, plots,
+                                      confusion_matrix))
+            if save_txt or save_json:
+                predn = pred.clone()
+                if single_cls:
+                    predn[:, 5] = 0
+                scale_boxes(im[si].shape[1:], predn[:, :4], shape, shapes[si][1])
+                if save_txt:
+                    save_one_txt(predn, save_conf, shape, save_dir / "labels" / f"{path.stem}.txt")
+                if save_json:
+                    jdict += coco_predictions(predn, image_ids[str(paths[si])])
+        if plots and batch_i < 3:
+            plot_images(im, targets, paths, save_dir / f"val_batch{batch_i}_labels.jpg", names)
+            plot_images(im, output_to_target(preds), paths, save_dir / f"val_batch{batch_i}_pred.jpg", names)
+
+    results = _summarise(stats, nc, names, seen, plots, save_dir, verbose or (nc < 50 and not training), training)
+    mp, mr, map50, map_, maps = results
+    times = tuple(x / max(seen, 1) * 1e3 for x in dt)
+    if not training:
+        shape = (batch_size, 3, imgsz, imgsz)
+        LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape {shape}" % times)
+    if plots:
+        confusion_matrix.plot(save_dir=save_dir, names=list(names.values()))
+    if save_json and jdict:
+        coco = _save_and_evaluate_json(jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights)
+        if coco is not None:
+            map_, map50 = coco
+    if not training:
+        written = f"\n{len(list(save_dir.glob('labels/*.txt')))} labels saved to {save_dir / 'labels'}" if save_txt else ""
+        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
+    model.float()
+    return (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist()), maps, times
+
+
+def _image_stats(pred, labels, letterbox_shape, shape_info, single_cls, plots, confusion_matrix):
+    """(correct (n, 10), conf (n,), pred_cls (n,), target_cls (m,)) numpy arrays for one image.
+
+    ``pred`` (n, 6) and ``labels`` (m, 5) [cls, x, y, w, h] are in letterboxed pixels; both are
+    mapped to the original image (as in the COCO JSON) before matching.
+    """
+    (h0, w0), ratio_pad = shape_info
+    target_cls = labels[:, 0].cpu().numpy()
+    if single_cls:
+        pred = pred.clone()
+        pred[:, 5] = 0
+    label_boxes = scale_boxes(letterbox_shape, xywh2xyxy(labels[:, 1:5]), (h0, w0), ratio_pad)
+    labelsn = torch.cat((labels[:, 0:1], label_boxes), 1)
+    predn = pred.clone()
+    scale_boxes(letterbox_shape, predn[:, :4], (h0, w0), ratio_pad)
+    if plots:
+        confusion_matrix.process_batch(predn if len(predn) else None, labelsn)
+    correct = match_predictions(predn, labelsn, IOU_THRESHOLDS)
+    return correct, pred[:, 4].cpu().numpy(), pred[:, 5].cpu().numpy(), target_cls
+
+
+def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
+    """Compute and print the metrics table -> (mP, mR, mAP50, mAP50-95, per-class mAP50-95 (nc,))."""
+    correct, conf, pred_cls, target_cls = (np.concatenate(x, 0) for x in zip(*stats)) if stats else \
+        (np.zeros((0, 10), bool), np.zeros(0), np.zeros(0), np.zeros(0))
+    mp = mr = map50 = map_ = 0.0
+    ap_class, ap, ap50, p, r = np.zeros(0, int), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
+    if len(target_cls):
+        _, _, p, r, _, ap_all, ap_class = ap_per_class(correct, conf, pred_cls, target_cls, plot=plots,
+                                                       save_dir=save_dir, names=names)
+        ap50, ap = ap_all[:, 0], ap_all.mean(1)
+        mp, mr, map50, map_ = p.mean(), r.mean(), ap50.mean(), ap.mean()
+    counts = np.bincount(target_cls.astype(int), minlength=nc)
+
+    LOGGER.info(TABLE_HEADER)
+    LOGGER.info(TABLE_ROW % ("all", seen, counts.sum(), mp, mr, map50, map_))
+    if counts.sum() == 0:
+        LOGGER.warning(f"WARNING no labels found in the {'training-time ' if training else ''}validation set, "
+                       "cannot compute metrics without labels")
+    if per_class and nc > 1:
+        for i, c in enumerate(ap_class):
+            LOGGER.info(TABLE_ROW % (names.get(int(c), str(c)), seen, counts[c], p[i], r[i], ap50[i], ap[i]))
+    maps = np.zeros(nc) + map_
+    for i, c in enumerate(ap_class):
+        maps[c] = ap[i]
+    return float(mp), float(mr), float(map50), float(map_), maps
+
+
+def _save_and_evaluate_json(jdict, dataset, names, nc, single_cls, save_dir, weights):
+    """Write predictions and matching ground-truth COCO JSON; return pycocotools' (mAP50-95, mAP50) or None."""
+    stem = Path(weights[0] if isinstance(weights, (list, tuple)) else weights).stem if weights else "model"
+    pred_json = save_dir / f"{stem}_predictions.json"
+    gt_json = save_dir / "ground_truth_coco.json"
+    labels = [np.column_stack((np.zeros(len(lb)), lb[:, 1:])) if single_cls else lb for lb in dataset.labels]
+    gt = coco_ground_truth(dataset.im_files, dataset.shapes, labels, [names.get(i, str(i)) for i in range(nc)])
+    atomic_write_bytes(gt_json, json.dumps(gt).encode())
+    atomic_write_bytes(pred_json, json.dumps(jdict).encode())
+    LOGGER.info(f"\nEvaluating pycocotools mAP... saving {pred_json}")
+    result = coco_evaluate(gt_json, pred_json)
+    if result is not None:
+        LOGGER.info(f"pycocotools: mAP50-95 {result[0]:.4f}, mAP50 {result[1]:.4f}")
+    return result
+
+
+# ------------------------------------------------------------------------------- command line
+
+def parse_opt(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=str, required=True, help="data set YAML")
+    parser.add_argument("--weights", nargs="+", type=str, required=True, help="checkpoint(s); several = ensemble")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size")
+    parser.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="inference size (pixels)")
+    parser.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
+    parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
+    parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
+    parser.add_argument("--task", default="val", choices=("train", "val", "test", "speed", "study"),
+                        help="split to validate, or speed / study")
+    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    parser.add_argument("--workers", type=int, default=8, help="max dataloader workers")
+    parser.add_argument("--single-cls", action="store_true", help="treat as single-class data set")
+    parser.add_argument("--augment", action="store_true", help="test-time augmentation")
+    parser.add_argument("--verbose", action="store_true", help="report mAP by class")
+    parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
+    parser.add_argument("--save-hybrid", action="store_true", help="save label+prediction hybrid results to *.txt")
+    parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
+    parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file and run pycocotools")
+    parser.add_argument("--project", default=ROOT / "runs/val", help="save to project/name")
+    parser.add_argument("--name", default="exp", help="save to project/name")
+    parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
+    parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
+    opt = parser.parse_args(argv)
+    opt.save_txt |= opt.save_hybrid
+    return opt
+
+
+def _check_options(opt):
+    for flag, value in (("--batch-size", opt.batch_size), ("--imgsz", opt.imgsz)):
+        if value < 1:
+            raise UserError(f"{flag} {value}: must be a positive integer")
+    if opt.conf_thres > 0.001 and opt.task in ("train", "val", "test"):
+        LOGGER.warning(f"WARNING --conf-thres {opt.conf_thres} > 0.001 gives invalid mAP values (fewer detections)")
+    if opt.save_hybrid:
+        LOGGER.warning("WARNING --save-hybrid mixes labels into the predictions: its mAP is not a model metric")
+
+
+def main(opt):
+    """Run the chosen task: one split, speed timing, or the image-size study."""
+    _check_options(opt)
+    weights = opt.weights if len(opt.weights) > 1 else opt.weights[0]
+    if opt.task in ("train", "val", "test"):
+        return run(**{**vars(opt), "weights": weights})
+    if opt.task == "speed":
+        for w in opt.weights:
+            run(**{**vars(opt), "weights": w, "conf_thres": 0.25, "iou_thres": 0.45, "save_json": False,
+                   "plots": False})
+        return None
+    return study(opt)
+
+
+def study(opt):
+    """mAP and speed versus image size per weights file -> study_<data>_<weights>.txt and study.png."""
+    from utils.plots import plot_val_study
+
+    files = []
+    for w in opt.weights:
+        rows = []
+        for size in STUDY_SIZES:
+            LOGGER.info(f"\nRunning {w} --imgsz {size}...")
+            results, _, times = run(**{**vars(opt), "weights": w, "imgsz": size, "plots": False})
+            rows.append([size, *results, *times])
+        out = Path(opt.project) / f"study_{Path(opt.data).stem}_{Path(w).stem}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.savetxt(out, np.array(rows), fmt="%10.4g")
+        files.append(out)
+    plot_val_study(files, Path(opt.project) / "study.png")
+    return None
+
+
+@exit_on_user_error
+def cli(argv=None):
+    main(parse_opt(argv))
+
+
+if __name__ == "__main__":
+    cli()
