@@ -475,7 +475,7 @@ class TrainLoop:
                   saver):
         """Validate, log results.csv, early-stop check, save checkpoints (main process only)."""
         opt = self.opt
-        self.ema.update_attr(self.model, include=["yaml", "nc", "hyp", "names", "stride"])
+        self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "hyp", "names", "stride"])
         final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
         results, maps = (0, 0, 0, 0, 0, 0, 0), None
         if not opt.noval or final_epoch:

@@ -103,12 +103,16 @@ def attempt_load(weights, device=None, fuse=True):
     return ensemble
 
 
+def scaled_size(h, w, ratio):
+    """(h, w) of an image resized by ``ratio`` (whole pixels, as :func:`scale_img` makes it)."""
+    return int(h * ratio), int(w * ratio)
+
+
 def scale_img(img, ratio=1.0, gs=32):
     """Resize (bs, 3, h, w) by ``ratio`` and pad right/bottom up to a multiple of ``gs`` with ImageNet grey."""
     if ratio == 1.0:
         return img
-    h, w = img.shape[2:]
-    size = (int(h * ratio), int(w * ratio))
+    size = scaled_size(*img.shape[2:], ratio)
     img = F.interpolate(img, size=size, mode="bilinear", align_corners=False)
     ph, pw = (math.ceil(x / gs) * gs - x for x in size)
     return F.pad(img, [0, pw, 0, ph], value=0.447)
@@ -117,13 +121,14 @@ def scale_img(img, ratio=1.0, gs=32):
 def tta_forward(model, im):
     """Test-time augmentation: predictions (bs, N, no) at scales 1, 0.83, 0.67 (the 0.83 pass flipped
     left-right), mapped back to ``im``'s pixel frame and concatenated -> ``(pred, None)``."""
-    width = im.shape[3]
+    h, w = im.shape[2:]
     gs = int(model.stride.max())
     outputs = []
     for scale, flip in zip(TTA_SCALES, TTA_FLIPS):
         pred = model(scale_img(im.flip(flip) if flip else im, scale, gs))[0].clone()
-        pred[..., :4] /= scale
+        sh, sw = scaled_size(h, w, scale)  # whole-pixel sizes: the true gains differ slightly from ``scale``
+        pred[..., :4] /= torch.tensor([sw / w, sh / h, sw / w, sh / h], device=pred.device, dtype=pred.dtype)
         if flip == 3:
-            pred[..., 0] = width - pred[..., 0]
+            pred[..., 0] = w - pred[..., 0]
         outputs.append(pred)
     return torch.cat(outputs, 1), None

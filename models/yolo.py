@@ -109,15 +109,18 @@ class Detect(nn.Module):
 
 @torch.no_grad()
 def check_anchor_order(detect: Detect) -> bool:
-    """Flip ``detect.anchors`` (stride units) across levels if pixel areas run against the strides.
+    """Reverse the level order of ``detect.anchors`` if their pixel areas run against the strides.
 
-    Returns True when the anchors were flipped (YOLOv5's check_anchor_order).
+    The buffer is in stride units; the pixel anchors (``anchors * stride``) move between levels, as
+    in YOLOv5's check_anchor_order. Returns True when the anchors were reordered.
     """
-    pixel_area = (detect.anchors * detect.stride.view(-1, 1, 1)).prod(-1).mean(-1)
-    area_change = pixel_area[-1] - pixel_area[0]
+    stride = detect.stride.view(-1, 1, 1)
+    pixels = detect.anchors * stride
+    area = pixels.prod(-1).mean(-1)
+    area_change = area[-1] - area[0]
     stride_change = detect.stride[-1] - detect.stride[0]
     if area_change and area_change.sign() != stride_change.sign():
-        detect.anchors[:] = detect.anchors.flip(0)
+        detect.anchors[:] = pixels.flip(0) / stride
         return True
     return False
 
@@ -412,7 +415,7 @@ class DetectionModel(nn.Module):
         detect.stride.copy_(torch.tensor([STRIDE_PROBE_SIZE / x.shape[-2] for x in features]))
         if not detect.placeholder:
             detect.anchors /= detect.stride.view(-1, 1, 1)
-        check_anchor_order(detect)
+            check_anchor_order(detect)
         detect.initialize_biases()
 
     @property

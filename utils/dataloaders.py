@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
-from utils.augmentations import augment_hsv, letterbox, mixup, mosaic, random_perspective
+from utils.augmentations import apply_hsv, hsv_lut, letterbox, mixup, mosaic, random_perspective
 from utils.errors import UserError
 from utils.files import atomic_write_bytes, yaml_load
 from utils.logging import LOGGER
@@ -531,8 +531,11 @@ class LoadImagesAndLabels(Dataset):
         lb[:, 1:] = xywhn2xyxy(lb[:, 1:], w, h, padw, padh)
         return lb
 
-    def _load_mosaic(self, index, rng):
-        """Image ``index`` and three random partners as a perspective-warped img_size^2 mosaic -> (img, labels)."""
+    def _load_mosaic(self, index, rng, lut):
+        """Image ``index`` and three random partners as a perspective-warped img_size^2 mosaic -> (img, labels).
+
+        ``lut`` is the sample's HSV table (or None), applied inside the mosaic where it is cheapest.
+        """
         hyp = self.hyp
         images, sizes, labels = [], [], []
         for i in [index, *rng.integers(0, self.n, size=3).tolist()]:
@@ -541,7 +544,7 @@ class LoadImagesAndLabels(Dataset):
             sizes.append((h, w))
             labels.append(self._pixel_labels(i, w, h))
         return mosaic(images, sizes, labels, self.img_size, rng, degrees=hyp["degrees"], translate=hyp["translate"],
-                      scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"])
+                      scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"], lut=lut)
 
     def _load_letterboxed(self, index, rng):
         """Image ``index`` letterboxed to its batch shape (rect) or img_size; warped when augmenting."""
@@ -558,14 +561,12 @@ class LoadImagesAndLabels(Dataset):
                 img = raw.copy()
         return img, labels, shapes
 
-    def _augment_colour_and_flip(self, img, labels, rng):
-        """HSV gains and flips, YOLOv5's order; ``labels`` (n, 5) normalised xywh. Returns (img, labels)."""
-        hyp = self.hyp
-        augment_hsv(img, rng, hgain=hyp["hsv_h"], sgain=hyp["hsv_s"], vgain=hyp["hsv_v"])
-        if rng.random() < hyp["flipud"]:
+    def _flip(self, img, labels, rng):
+        """Vertical then horizontal flip with the hyp probabilities; ``labels`` (n, 5) normalised xywh."""
+        if rng.random() < self.hyp["flipud"]:
             img = cv2.flip(img, 0)
             labels[:, 2] = 1 - labels[:, 2]
-        if rng.random() < hyp["fliplr"]:
+        if rng.random() < self.hyp["fliplr"]:
             img = cv2.flip(img, 1)
             labels[:, 1] = 1 - labels[:, 1]
         return img, labels
@@ -583,18 +584,23 @@ class LoadImagesAndLabels(Dataset):
         index, epoch, draw = self._parse_key(key)
         rng = self._rng(index, epoch, draw) if self.augment else None
         shapes = None
-        if self.mosaic and rng.random() < self.hyp["mosaic"]:
-            img, labels = self._load_mosaic(index, rng)
-            if rng.random() < self.hyp["mixup"]:
-                partner = int(rng.integers(0, self.n))
-                img, labels = mixup(img, labels, *self._load_mosaic(partner, rng), rng)
+        if self.augment:
+            hyp = self.hyp
+            use_mosaic = self.mosaic and rng.random() < hyp["mosaic"]
+            lut = hsv_lut(rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+        if self.augment and use_mosaic:
+            img, labels = self._load_mosaic(index, rng, lut)
+            if rng.random() < hyp["mixup"]:
+                img, labels = mixup(img, labels, *self._load_mosaic(int(rng.integers(0, self.n)), rng, lut), rng)
         else:
             img, labels, shapes = self._load_letterboxed(index, rng)
+            if self.augment and lut is not None:
+                apply_hsv(img, lut, dst=img)
         h, w = img.shape[:2]
         if len(labels):
             labels[:, 1:5] = xyxy2xywhn(labels[:, 1:5], w=w, h=h, clip=True, eps=1e-3)
         if self.augment:
-            img, labels = self._augment_colour_and_flip(img, labels, rng)
+            img, labels = self._flip(img, labels, rng)
             shapes = None
         labels_out = torch.zeros((len(labels), 6))
         if len(labels):

@@ -23,14 +23,14 @@ def lr_lambda(lrf: float, epochs: int, cosine: bool):
 def apply_warmup(optimizer, ni: int, n_warmup: int, epoch: int, lr_factor, hyp: dict, accumulate_nbs: float):
     """Set LR and momentum of each param group for warmup iteration ``ni`` (< ``n_warmup``).
 
-    The bias group (index 2) falls from ``warmup_bias_lr`` to its scheduled LR; the others rise
+    The bias group (index 0, see smart_optimizer) falls from ``warmup_bias_lr`` to its scheduled LR; the others rise
     from 0. Momentum rises from ``warmup_momentum`` to ``momentum``. Returns the accumulation
     count to use at this iteration (it grows from 1 to nominal_batch / batch_size).
     """
     xi = [0, n_warmup]
     accumulate = max(1, int(np.interp(ni, xi, [1, accumulate_nbs]).round()))
     for j, group in enumerate(optimizer.param_groups):
-        start = hyp["warmup_bias_lr"] if j == 2 else 0.0
+        start = hyp["warmup_bias_lr"] if j == 0 else 0.0
         group["lr"] = float(np.interp(ni, xi, [start, group["initial_lr"] * lr_factor(epoch)]))
         if "momentum" in group:
             group["momentum"] = float(np.interp(ni, xi, [hyp["warmup_momentum"], hyp["momentum"]]))

@@ -12,7 +12,6 @@ import contextlib
 import math
 import os
 import random
-import re
 import sys
 import threading
 import time
@@ -846,7 +845,8 @@ def _make_recorder(tracker: _ModuleTracker):
         def _module(self) -> str:
             if self.phase == "forward":
                 return tracker.current()
-            node = torch._C._current_autograd_node()
+            current_node = getattr(torch._C, "_current_autograd_node", None)  # absent in older torch
+            node = current_node() if current_node else None
             return node.metadata.get(_MODULE_KEY, _OUTSIDE_MODEL) if node is not None else _OUTSIDE_MODEL
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -1,0 +1,65 @@
+"""Training-loader throughput: augmented mosaic batches per second on the embedded shapes data set.
+
+    python benchmarks/bench_dataloader.py                  # imgsz 640, batch 16, hyp.scratch-low, workers 0 and 2
+    python benchmarks/bench_dataloader.py --workers 0 2 4 --batches 20 --runs 5
+
+Prints images/s per worker count (the median of ``--runs`` timed runs, each ``--batches`` batches
+after one warm-up batch that starts the workers). A benchmark, not a test: run it on an idle machine.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from utils.data_config import check_dataset  # noqa: E402 (needs the repo root on sys.path)
+from utils.dataloaders import create_dataloader  # noqa: E402
+from utils.files import yaml_load  # noqa: E402
+
+
+def images_per_second(loader, epoch, batches):
+    """Time ``batches`` batches of ``epoch`` after one warm-up batch; returns images/s."""
+    loader.set_epoch(epoch)
+    it = iter(loader)
+    next(it)  # warm-up: worker start-up and first prefetch are not throughput
+    n, t0 = 0, time.perf_counter()
+    for _ in range(batches):
+        imgs = next(it)[0]
+        n += imgs.shape[0]
+    elapsed = time.perf_counter() - t0
+    del it
+    return n / elapsed
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="data loader throughput benchmark")
+    parser.add_argument("--data", default=str(ROOT / "data" / "shapes.yaml"))
+    parser.add_argument("--hyp", default=str(ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"))
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--batches", type=int, default=10, help="timed batches per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per worker count (median reported)")
+    args = parser.parse_args(argv)
+
+    data = check_dataset(args.data)
+    hyp = yaml_load(args.hyp)
+    print(f"imgsz {args.imgsz}, batch {args.batch_size}, {Path(args.hyp).name}, mosaic {hyp['mosaic']}, "
+          f"{args.runs} runs x {args.batches} batches")
+    for workers in args.workers:
+        loader, _ = create_dataloader(data["train"], args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
+                                      workers=workers, shuffle=True, seed=0, nc=data["nc"])
+        rates = [images_per_second(loader, epoch, args.batches) for epoch in range(args.runs)]
+        print(f"workers {workers}: {statistics.median(rates):.1f} images/s "
+              f"(runs: {', '.join(f'{r:.1f}' for r in rates)})")
+        del loader
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Multi-process training through torchrun with the gloo backend on CPU (what NCCL does on GPUs)."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--device", "cpu", "--workers", "0",
+          "--noplots", "--exist-ok", "--save-interval", "0"]
+LOSS_TOLERANCE = 0.25  # relative; per-rank BatchNorm statistics make 2-process losses differ slightly
+
+
+def torchrun(nproc: int, *args, timeout: int = 400) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "train.py", *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=launcher_env())
+
+
+def launcher_env() -> dict:
+    """This environment minus any DDP variables of an outer launcher, one thread per rank."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**env, "OMP_NUM_THREADS": "1"}
+
+
+def checksum(run_dir: Path) -> str:
+    return (run_dir / "weights" / "sha256.txt").read_text().split()[0]
+
+
+def rows(run_dir: Path) -> list:
+    with open(run_dir / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def total_train_loss(row: dict) -> float:
+    return sum(float(row[f"train/{k}_loss"]) for k in ("box", "obj", "cls"))
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
+    project = tmp_path_factory.mktemp("ddp")
+    proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", project, "--name", "a",
+                    "--save-period", "1", *COMMON)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return project / "a"
+
+
+def test_two_process_run_writes_one_set_of_outputs(ddp_run):
+    assert sorted(p.name for p in ddp_run.parent.iterdir()) == ["a"]
+    assert [r["epoch"] for r in rows(ddp_run)] == ["0", "1"]
+    assert (ddp_run / "weights" / "best.pt").is_file()
+    assert '"world_size": 2' in (ddp_run / "determinism.json").read_text()
+
+
+def test_two_identical_ddp_runs_are_bit_identical(ddp_run, shapes_data, tiny_cfg):
+    proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", ddp_run.parent, "--name", "b",
+                    "--save-period", "1", *COMMON)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checksum(ddp_run.parent / "b") == checksum(ddp_run)
+    assert rows(ddp_run.parent / "b") == rows(ddp_run)
+
+
+def test_ddp_loss_curve_close_to_single_process(ddp_run, shapes_data, tiny_cfg):
+    import train
+
+    train.run(data=str(shapes_data), cfg=str(tiny_cfg), project=str(ddp_run.parent), name="single", imgsz=64,
+              batch_size=8, epochs=2, device="cpu", workers=0, noplots=True, exist_ok=True, save_interval=0)
+    for multi, single in zip(rows(ddp_run), rows(ddp_run.parent / "single")):
+        a, b = total_train_loss(multi), total_train_loss(single)
+        assert abs(a - b) <= LOSS_TOLERANCE * b, (a, b)
+
+
+def test_resume_under_ddp_matches_uninterrupted(ddp_run, tmp_path):
+    copy = tmp_path / "resumed"
+    (copy / "weights").mkdir(parents=True)
+    (copy / "results.csv").write_bytes((ddp_run / "results.csv").read_bytes())
+    (copy / "weights" / "last.pt").write_bytes((ddp_run / "weights" / "epoch0.pt").read_bytes())
+    proc = torchrun(2, "--resume", copy / "weights" / "last.pt")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert checksum(copy) == checksum(ddp_run)
+
+
+def test_batch_not_divisible_by_world_size_is_a_clear_error(shapes_data, tiny_cfg, tmp_path):
+    proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, "--imgsz", "64",
+                    "--batch-size", "5", "--device", "cpu", timeout=200)
+    assert proc.returncode != 0
+    assert "--batch-size 5 must be a multiple of the world size 2" in proc.stderr

@@ -1,0 +1,231 @@
+"""Generic torch helpers: devices, EMA, optimizer groups, early stopping, model info, RNG state, env report."""
+
+import io
+import logging
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from utils.errors import UserError
+from utils.logging import LOGGER
+from utils.torch_utils import (EarlyStopping, ModelEMA, de_parallel, get_rng_state, intersect_dicts, is_parallel,
+                               model_info, select_device, set_rng_state, smart_optimizer, time_sync,
+                               torch_distributed_zero_first)
+
+
+def small_net() -> nn.Sequential:
+    """Conv(3->4, bias) + BN(4) + Conv(4->2, bias): 2 biases, 2 conv weights, 1 BN weight, 1 BN bias."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1))
+
+
+@pytest.fixture
+def log_lines():
+    """Captured LOGGER output, one string per record."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    LOGGER.addHandler(handler)
+    yield lambda: stream.getvalue().splitlines()
+    LOGGER.removeHandler(handler)
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+@pytest.mark.parametrize("request_text", ["cpu", "CPU", " cpu "])
+def test_select_cpu(request_text):
+    assert select_device(request_text) == torch.device("cpu")
+
+
+def test_empty_request_uses_cuda_when_available():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert select_device("").type == expected
+
+
+@pytest.mark.parametrize("bad", ["gpu", "0,0", "-1", "1.5", "0;1"])
+def test_malformed_device_is_user_error(bad, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(UserError, match="--device"):
+        select_device(bad)
+
+
+def test_cuda_request_without_cuda_is_user_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="--device '0': CUDA is not available.*--device cpu"):
+        select_device("0")
+
+
+def test_missing_gpu_index_is_user_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError, match="--device '2'.*2 visible CUDA device"):
+        select_device("2")
+
+
+def test_batch_size_must_divide_over_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError, match="--batch-size 3"):
+        select_device("0,1", batch_size=3)
+
+
+def test_time_sync_is_monotonic():
+    assert time_sync() <= time_sync()
+
+
+def test_zero_first_outside_ddp_just_runs():
+    ran = []
+    with torch_distributed_zero_first(-1):
+        ran.append(True)
+    assert ran == [True]
+
+
+def test_de_parallel_unwraps_data_parallel():
+    net = small_net()
+    wrapped = nn.DataParallel(net)
+    assert is_parallel(wrapped) and not is_parallel(net)
+    assert de_parallel(wrapped) is net and de_parallel(net) is net
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def test_intersect_dicts_keeps_matching_keys_and_shapes():
+    da = {"a.weight": torch.zeros(2, 3), "b.weight": torch.zeros(4), "anchors": torch.zeros(3),
+          "only_a": torch.zeros(1)}
+    db = {"a.weight": torch.ones(2, 3), "b.weight": torch.ones(5), "anchors": torch.ones(3)}
+    kept = intersect_dicts(da, db, exclude=("anchor",))
+    assert list(kept) == ["a.weight"] and kept["a.weight"] is da["a.weight"]
+
+
+def test_model_info_counts_and_scales_flops(log_lines):
+    net = small_net()
+    net[0].weight.requires_grad_(False)
+    layers, params, grads, gflops_64 = model_info(net, imgsz=64)
+    assert layers == 4
+    assert params == sum(p.numel() for p in net.parameters())
+    assert grads == params - net[0].weight.numel()
+    assert gflops_64 > 0
+    assert model_info(net, imgsz=128)[3] == pytest.approx(4 * gflops_64)
+    summary = [line for line in log_lines() if "summary:" in line]
+    assert summary[0] == f"Sequential summary: 4 layers, {params} parameters, {grads} gradients, {gflops_64:.1f} GFLOPs"
+
+
+def test_model_info_survives_unprofilable_model(log_lines):
+    class NeedsTwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 1, 1)
+
+        def forward(self, x, y):
+            return self.conv(x) + y
+
+    assert model_info(NeedsTwoInputs())[3] is None
+    assert log_lines()[-1] == "NeedsTwoInputs summary: 2 layers, 4 parameters, 4 gradients"
+
+
+def test_ema_ramps_decay_and_stays_frozen_fp32():
+    net = small_net().double()
+    ema = ModelEMA(net, decay=0.9, tau=1.0)
+    assert all(p.dtype == torch.float32 and not p.requires_grad for p in ema.ema.parameters())
+    assert not ema.ema.training
+    start = ema.ema[0].weight.clone()
+    with torch.no_grad():
+        net[0].weight.add_(1.0)
+    ema.update(net)
+    d = 0.9 * (1 - math.exp(-1.0))
+    expected = d * start + (1 - d) * net[0].weight.float()
+    assert ema.updates == 1
+    assert torch.allclose(ema.ema[0].weight, expected)
+    assert torch.equal(ema.ema[1].num_batches_tracked, net[1].num_batches_tracked)
+
+
+def test_ema_update_attr_copies_plain_attributes():
+    net = small_net()
+    ema = ModelEMA(net)
+    net.names, net.nc, net.reducer = ["a", "b"], 2, object()
+    ema.update_attr(net, include=("names", "nc", "reducer"))
+    assert ema.ema.names == ["a", "b"] and ema.ema.nc == 2 and not hasattr(ema.ema, "reducer")
+
+
+def test_smart_optimizer_groups():
+    net = small_net()
+    opt = smart_optimizer(net, "SGD", lr=0.01, momentum=0.8, decay=5e-4)
+    biases, weights, norm = opt.param_groups
+    assert {id(p) for p in biases["params"]} == {id(net[0].bias), id(net[1].bias), id(net[2].bias)}
+    assert {id(p) for p in weights["params"]} == {id(net[0].weight), id(net[2].weight)}
+    assert [id(p) for p in norm["params"]] == [id(net[1].weight)]
+    assert (biases["weight_decay"], weights["weight_decay"], norm["weight_decay"]) == (0, 5e-4, 0.0)
+    assert biases["nesterov"] and biases["momentum"] == 0.8
+
+
+@pytest.mark.parametrize("name, cls", [("Adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+def test_smart_optimizer_adam_betas(name, cls):
+    opt = smart_optimizer(small_net(), name, momentum=0.937)
+    assert isinstance(opt, cls) and opt.param_groups[0]["betas"] == (0.937, 0.999)
+
+
+def test_smart_optimizer_unknown_name_is_user_error():
+    with pytest.raises(UserError, match="--optimizer 'Lion'"):
+        smart_optimizer(small_net(), "Lion")
+
+
+def test_early_stopping_and_resume():
+    stopper = EarlyStopping(patience=2)
+    assert [stopper(epoch, f) for epoch, f in enumerate([0.1, 0.3, 0.2])] == [False, False, False]
+    assert stopper.possible_stop
+    resumed = EarlyStopping(patience=2)
+    resumed.load_state_dict(stopper.state_dict())
+    assert resumed(3, 0.25) is True and stopper(3, 0.25) is True
+    assert resumed.state_dict() == stopper.state_dict()
+
+
+def test_early_stopping_zero_patience_never_stops():
+    stopper = EarlyStopping(patience=0)
+    assert not any(stopper(epoch, 0.5 if epoch == 0 else 0.1) for epoch in range(50))
+
+
+# ----------------------------------------------------------------------------- RNG state
+
+
+def draw() -> tuple:
+    return random.random(), random.gauss(0, 1), np.random.rand(4).tolist(), np.random.randn(), torch.rand(4).tolist()
+
+
+def test_rng_state_round_trips_through_weights_only_load(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    random.gauss(0, 1)  # leaves a cached gaussian in Python's state
+    np.random.randn()
+    path = tmp_path / "rng.pt"
+    torch.save({"rng": get_rng_state()}, path)
+    expected = draw()
+    set_rng_state(torch.load(path, weights_only=True)["rng"])
+    assert draw() == expected
+
+
+def test_malformed_rng_state_is_user_error():
+    with pytest.raises(UserError, match="RNG state"):
+        set_rng_state({"python": [3, [1, 2]], "numpy": [], "torch": torch.zeros(1)})
+
+
+# ----------------------------------------------------------------------------- environment report
+
+
+def test_environment_report_is_plain_and_complete(capsys):
+    from utils.env import environment_report, main
+
+    report = environment_report()
+    assert report["torch"] == torch.__version__ and report["numpy"] == np.__version__
+    assert report["cuda_available"] == torch.cuda.is_available()
+    assert len(report["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    for key in ("deterministic_algorithms", "warn_only", "debug_mode", "cudnn_deterministic",
+                "cudnn_benchmark", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED"):
+        assert key in report["determinism"]
+    torch.save(report, io.BytesIO())  # plain data: serialisable without custom classes
+    assert main() == 0
+    assert f"torch: {torch.__version__}" in capsys.readouterr().out
