@@ -87,26 +87,38 @@ class VideoSink:
 
 
 class SourceSummary:
-    """Detections per class and time per frame for each source file, logged when the source changes."""
+    """Detections per class and time per frame: per video when it ends, and for the whole --source."""
 
     def __init__(self, names):
-        self.names, self.path = names, None
-        self.counts, self.frames, self.seconds = Counter(), 0, 0.0
+        self.names = names
+        self.total, self.total_frames, self.total_seconds = Counter(), 0, 0.0
+        self.video, self.counts, self.frames, self.seconds = None, Counter(), 0, 0.0
 
-    def add(self, path, classes, seconds):
-        if path != self.path:
-            self.flush()
-            self.path = path
-        self.counts.update(int(c) for c in classes)
-        self.frames += 1
-        self.seconds += seconds
+    def add(self, path, classes, seconds, is_video):
+        if path != self.video:
+            self.end_video()
+        classes = [int(c) for c in classes]
+        self.total.update(classes)
+        self.total_frames += 1
+        self.total_seconds += seconds
+        if is_video:
+            self.video = path
+            self.counts.update(classes)
+            self.frames += 1
+            self.seconds += seconds
 
-    def flush(self):
-        if self.path is not None:
-            found = ", ".join(f"{n} {self.names[c]}" for c, n in sorted(self.counts.items())) or "no detections"
-            LOGGER.info(f"Summary {self.path}: {found}; {self.frames} frame(s), "
-                        f"{self.seconds / self.frames * 1e3:.1f}ms per frame")
-        self.counts, self.frames, self.seconds = Counter(), 0, 0.0
+    def _line(self, label, counts, frames, seconds):
+        found = ", ".join(f"{n} {self.names[c]}" for c, n in sorted(counts.items())) or "no detections"
+        return f"Summary {label}: {found}; {frames} frame(s), {seconds / max(frames, 1) * 1e3:.1f}ms per frame"
+
+    def end_video(self):
+        if self.video is not None:
+            LOGGER.info(self._line(self.video, self.counts, self.frames, self.seconds))
+        self.video, self.counts, self.frames, self.seconds = None, Counter(), 0, 0.0
+
+    def finish(self, source):
+        self.end_video()
+        LOGGER.info(self._line(f"--source {source}", self.total, self.total_frames, self.total_seconds))
 
 
 def class_names(model, data):
@@ -171,15 +183,18 @@ def annotate(im0, det, names, line_thickness, hide_labels, hide_conf):
 def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres=0.45, max_det=1000, device="",
         view_img=False, save_txt=False, save_csv=False, save_conf=False, save_crop=False, nosave=False, classes=None,
         agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
-        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1):
+        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None):
     """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
 
+    ``model``: an already-loaded eval model to use as is (``weights`` and ``device`` are then ignored).
     Returns the run folder.
     """
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
     (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
-    device = select_device(device)
-    model = attempt_load(weights, device=device, fuse=True)
+    if model is None:
+        device = select_device(device)
+        model = attempt_load(weights, device=device, fuse=True)
+    device = next(model.parameters()).device
     stride = int(model.stride.max())
     imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)
     imgsz = check_img_size(imgsz, stride=stride)
@@ -214,7 +229,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
             for *xyxy, _, cls in det.tolist():
                 crop_file = increment_path(save_dir / "crops" / names[int(cls)] / f"{Path(path).stem}.jpg")
                 save_one_box(xyxy, im0, file=crop_file)
-        annotated = annotate(im0, det, names, line_thickness, hide_labels, hide_conf)
+        if view_img or not nosave:
+            annotated = annotate(im0, det, names, line_thickness, hide_labels, hide_conf)
         if view_img:
             show(str(path), annotated)
         if not nosave:
@@ -226,10 +242,10 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         counts = Counter(int(c) for c in det[:, 5])
         found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
         LOGGER.info(f"{s}{found or '(no detections), '}{(t2 - t1) * 1e3:.1f}ms")
-        summary.add(path, det[:, 5].tolist(), t3 - t0)
+        summary.add(path, det[:, 5].tolist(), t3 - t0, dataset.mode != "image")
 
     video.release()
-    summary.flush()
+    summary.finish(source)
     report(dt, seen, imgsz, save_dir, save_txt, nosave)
     return save_dir
 

@@ -271,7 +271,6 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     per_rank_batch = check_ddp_batch(batch_size, dist.world_size) if dist.enabled else batch_size
 
     train_loader, dataset, val_loader = build_loaders(data_dict, imgsz, per_rank_batch, grid_size, hyp, opt, dist)
-    check_label_classes(dataset, nc, opt.data)
     if resume_ckpt is None:
         prepare_new_run(dataset, model, hyp, imgsz, opt, names, save_dir, plots and main_process)
 
@@ -310,20 +309,15 @@ def build_loaders(data_dict, imgsz, batch_size, grid_size, hyp, opt, dist):
     train_loader, dataset = create_dataloader(
         data_dict["train"], imgsz, batch_size, grid_size, single_cls=opt.single_cls, hyp=hyp, augment=True,
         cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
-        image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed)
+        image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
+        nc=data_dict["nc"])
     val_loader = None
     if dist.is_main:
         val_loader = create_dataloader(
             data_dict["val"], imgsz, batch_size * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
-            prefix=colorstr("val: "), seed=opt.seed)[0]
+            prefix=colorstr("val: "), seed=opt.seed, nc=data_dict["nc"])[0]
     return train_loader, dataset, val_loader
-
-
-def check_label_classes(dataset, nc: int, data_file) -> None:
-    max_class = max((int(lb[:, 0].max()) for lb in dataset.labels if len(lb)), default=-1)
-    if max_class >= nc:
-        raise UserError(f"{data_file}: label class {max_class} exceeds nc={nc}; fix the labels or the names list")
 
 
 def prepare_new_run(dataset, model, hyp, imgsz, opt, names, save_dir, plots: bool) -> None:
@@ -483,10 +477,10 @@ class TrainLoop:
                 data_dict, batch_size=batch_size, imgsz=self.imgsz, half=self.amp, model=self.ema.ema,
                 single_cls=opt.single_cls, dataloader=val_loader, save_dir=save_dir, plots=False,
                 compute_loss=compute_loss, names=names)
-        fi = float(fitness(np.array(results).reshape(1, -1)))
+        fi = float(fitness(np.array(results).reshape(1, -1))[0])
         stop = self.stopper(epoch=epoch, fitness=fi)
-        improved = fi > self.best_fitness
         self.best_fitness = max(self.best_fitness, fi)
+        improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
         results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
         if not opt.nosave or final_epoch or stop or self.interrupted:
             saver.save_epoch(self.state((epoch + 1, 0)), epoch, improved)

@@ -30,6 +30,7 @@ from models.ffca import FEM, SCAM, C3_Faster, FFM_Concat2, FFM_Concat3  # noqa: 
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.logging import LOGGER  # noqa: E402
+from utils.torch_utils import model_info  # noqa: E402
 
 STRIDE_PROBE_SIZE = 128  # square input for the forward pass that measures strides
 ARG_STYLES = ("in_out", "in_out_repeat", "same", "concat", "weighted_concat", "raw", "detect")
@@ -258,7 +259,7 @@ def _check_anchors(anchors, n_levels: int):
                         f"of equal length per level, got {anchors!r}")
 
 
-def _build_args(spec: ModuleSpec, args: list, n: int, c_in: list[int], gw: float, cfg: dict):
+def _build_args(spec: ModuleSpec, args: list, n: int, c_in: list[int], gw: float):
     """Constructor args, output channels and remaining repeats for one row (see ModuleSpec)."""
     c1 = c_in[0]
     style = spec.style
@@ -307,7 +308,7 @@ def _parse_row(row, i: int, ch: list[int], cfg: dict, gd: float, gw: float):
         raise _RowError(f"argument {e.args[0]!r} needs a top-level {e.args[0]!r} key in the YAML") from None
     n = max(round(n * gd), 1) if n > 1 else n
     c_in = [ch[-1] if a == -1 else ch[a] for a in sources]  # ch[-1] is the model input at layer 0
-    args, c2, n = _build_args(spec, args, n, c_in, gw, cfg)
+    args, c2, n = _build_args(spec, args, n, c_in, gw)
     try:
         layer = nn.Sequential(*(spec.cls(*args) for _ in range(n))) if n > 1 else spec.cls(*args)
     except (TypeError, ValueError) as e:
@@ -360,15 +361,15 @@ def parse_model(d: dict, ch: list[int], source: str = "model dict") -> tuple[nn.
 
 
 # ----------------------------------------------------------------------------- model
-def _load_cfg(cfg) -> tuple[dict, str, str]:
-    """``cfg`` path or dict -> (deep-copied plain dict, source name for messages, model name)."""
+def _load_cfg(cfg) -> tuple[dict, str, str | None]:
+    """``cfg`` path or dict -> (deep-copied plain dict, source name for messages, YAML file name)."""
     if isinstance(cfg, dict):
-        return deepcopy(cfg), "model dict", "Model"
+        return deepcopy(cfg), "model dict", None
     if isinstance(cfg, (str, Path)):
         path = Path(cfg)
         if path.suffix not in (".yaml", ".yml"):
             raise UserError(f"{cfg}: model config must be a .yaml file (e.g. models/ffca-yolo.yaml)")
-        return yaml_load(path), str(cfg), path.stem
+        return yaml_load(path), str(cfg), path.name
     raise UserError(f"model config must be a YAML path or dict, got {type(cfg).__name__}")
 
 
@@ -379,10 +380,12 @@ class DetectionModel(nn.Module):
     so checkpoints can store it. Input ``(bs, ch, H, W)`` with H, W multiples of the max stride.
     """
 
-    def __init__(self, cfg="models/ffca-yolo.yaml", ch: int = 3, nc: int | None = None, anchors=None):
+    def __init__(self, cfg, ch: int = 3, nc: int | None = None, anchors=None):
         super().__init__()
-        self.yaml, source, self.name = _load_cfg(cfg)
+        self.yaml, source, self.yaml_file = _load_cfg(cfg)
         ch = self.yaml["ch"] = self.yaml.get("ch", ch)
+        if not _is_int(ch) or ch < 1:
+            raise UserError(f"{source}: ch (input channels) must be a positive int, got {ch!r}")
         if nc is not None and nc != self.yaml.get("nc"):
             LOGGER.info(f"Overriding {source} nc={self.yaml.get('nc')} with nc={nc}")
             self.yaml["nc"] = nc
@@ -446,13 +449,9 @@ class DetectionModel(nn.Module):
                 m.fuse()
         return self
 
-    def info(self, verbose: bool = False, imgsz: int = 640) -> dict:
-        """Log the summary line (and with ``verbose`` the per-layer table); return the figures."""
-        if verbose:
-            LOGGER.info(layer_table(self))
-        summary = model_summary(self, imgsz)
-        LOGGER.info(summary_line(self.name, summary))
-        return summary
+    def info(self, verbose: bool = False, imgsz: int = 640) -> tuple:
+        """Log ``NAME summary: L layers, P parameters, G gradients, X GFLOPs``; return ``(L, P, G, X)``."""
+        return model_info(self, verbose=verbose, imgsz=imgsz)
 
 
 Model = DetectionModel
@@ -466,38 +465,6 @@ def layer_table(model: DetectionModel) -> str:
         lines.append(f"{layer.i:>3}{str(layer.f):>18}{layer.n:>3}{layer.np:10.0f}  "
                      f"{layer.type:<40}{str(layer.args):<30}")
     return "\n".join(lines)
-
-
-def model_gflops(model: nn.Module, imgsz: int = 640) -> float | None:
-    """GFLOPs of one ``imgsz`` square image (thop at a small size, scaled; None without thop)."""
-    try:
-        import thop
-    except ImportError:
-        return None
-    size = max(int(model.stride.max()), 32)
-    ch = model.yaml.get("ch", 3)
-    probe_model = deepcopy(model).eval()
-    p = next(model.parameters())
-    im = torch.zeros((1, ch, size, size), device=p.device, dtype=p.dtype)
-    macs = thop.profile(probe_model, inputs=(im,), verbose=False)[0]
-    return macs * 2 / 1e9 * (imgsz / size) ** 2
-
-
-def model_summary(model: nn.Module, imgsz: int = 640) -> dict:
-    """``{'layers', 'parameters', 'gradients', 'gflops'}`` as in YOLOv5's model summary."""
-    return {
-        "layers": len(list(model.modules())),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "gradients": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "gflops": model_gflops(model, imgsz),
-    }
-
-
-def summary_line(name: str, summary: dict) -> str:
-    """``NAME summary: L layers, P parameters, G gradients, X GFLOPs``."""
-    line = (f"{name} summary: {summary['layers']} layers, {summary['parameters']:,} parameters, "
-            f"{summary['gradients']:,} gradients")
-    return line + (f", {summary['gflops']:.1f} GFLOPs" if summary["gflops"] is not None else "")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -519,7 +486,8 @@ def main(argv=None) -> None:
     if opt.nc is not None and opt.nc < 1:
         raise UserError(f"--nc must be a positive int, got {opt.nc}")
     model = DetectionModel(opt.cfg, nc=opt.nc)
-    model.info(verbose=True, imgsz=opt.imgsz)
+    LOGGER.info(layer_table(model))
+    model.info(imgsz=opt.imgsz)
 
 
 if __name__ == "__main__":

@@ -18,32 +18,20 @@ from pathlib import Path
 import torch
 
 from utils.errors import UserError
-from utils.files import atomic_open
+from utils.files import atomic_open, plain_data as to_plain
 
 REQUIRED_KEYS = ("model_cfg", "model")
-
-
-def to_plain(obj):
-    """Recursively turn Paths, tuples and numpy values into types ``weights_only`` accepts."""
-    if isinstance(obj, dict):
-        return {str(k) if isinstance(k, Path) else k: to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "tolist") and not isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    return obj
 
 
 def save_checkpoint(ckpt: dict, path) -> None:
     """Serialise ``ckpt`` to memory, then write it atomically to ``path``.
 
-    Serialising first means a failure (bad object, full disk) never touches the
+    Values are made plain first (e.g. ``torch.__version__`` is a str subclass that
+    ``weights_only`` loading would refuse). Serialising to memory first means a failure (bad object, full disk) never touches the
     existing file; the caller sees the OSError and the previous checkpoint stays.
     """
     buffer = io.BytesIO()
-    torch.save(ckpt, buffer)
+    torch.save(to_plain(ckpt), buffer)
     with atomic_open(path, "wb") as f:
         f.write(buffer.getbuffer())
 

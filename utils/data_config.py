@@ -79,7 +79,7 @@ def _missing_paths(data: dict) -> list:
     return missing
 
 
-def _run_generator(name, root: Path, yaml_file: Path) -> None:
+def _run_generator(name, root: Path, data: dict, yaml_file: Path) -> None:
     """Build a data set with one of this project's own generators (never an arbitrary command)."""
     script = GENERATORS.get(str(name))
     if script is None:
@@ -87,11 +87,12 @@ def _run_generator(name, root: Path, yaml_file: Path) -> None:
     spec = importlib.util.spec_from_file_location(f"_generator_{name}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    LOGGER.info(f"Data set {root} not found, generating it with {script.relative_to(ROOT)} ...")
+    LOGGER.info(f"Data set {root} not found, generating it with {script.name} (offline, once) ...")
     try:
         module.make_shapes(root)
     except FileExistsError as e:
-        raise UserError(f"{yaml_file}: cannot generate the data set: {e}") from None
+        if _missing_paths(data):  # not just another process that generated it first
+            raise UserError(f"{yaml_file}: cannot generate the data set: {e}") from None
 
 
 def check_dataset(path) -> dict:
@@ -124,7 +125,7 @@ def check_dataset(path) -> dict:
 
     missing = _missing_paths(data)
     if missing and data.get("generate"):
-        _run_generator(data["generate"], root, yaml_file)
+        _run_generator(data["generate"], root, data, yaml_file)
         missing = _missing_paths(data)
     if missing:
         key, p = missing[0]

@@ -200,7 +200,7 @@ def _parse_labels(lb_file, nc):
     if not os.path.isfile(lb_file):
         return np.zeros((0, 5), np.float32), "missing", False, []
     try:
-        text = Path(lb_file).read_text()
+        text = Path(lb_file).read_text(encoding="utf-8-sig")  # tolerate a byte-order mark
     except (OSError, UnicodeDecodeError) as e:
         return None, "corrupt", False, [f"{lb_file}: unreadable label file ({type(e).__name__}); image skipped"]
     rows, line_numbers, messages = [], [], []
@@ -253,20 +253,26 @@ def label_cache_key(im_files, label_files, nc) -> str:
     return h.hexdigest()
 
 
-def save_label_cache(path, key, results, counts, prefix=""):
-    """Write the scan to ``path`` as a plain-array .npz (loads with allow_pickle=False), atomically."""
+def _cache_arrays(key, results, counts) -> dict:
+    """The scan as plain arrays, the cache's content: usable images, their labels (flat, with offsets),
+    upright shapes (N, 2) (w, h), EXIF orientations, every message, and the five verdict counts."""
     usable = [r for r in results if r.labels is not None]
     lengths = [len(r.labels) for r in usable]
-    arrays = dict(
+    no_labels = np.zeros((0, 5), np.float32)
+    return dict(
         version=np.array(CACHE_VERSION), key=np.array(key),
         im_files=np.array([r.im_file for r in usable], dtype=str),
         offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
-        labels=np.concatenate([r.labels for r in usable]).astype(np.float32) if lengths else np.zeros((0, 5), np.float32),
+        labels=np.concatenate([r.labels for r in usable] + [no_labels]).astype(np.float32),
         shapes=np.array([r.shape for r in usable], dtype=np.int64).reshape(-1, 2),
         orientations=np.array([r.orientation for r in usable], dtype=np.uint8),
         messages=np.array([m for r in results for m in r.messages], dtype=str),
         counts=np.array([counts[k] for k in ("found", "missing", "empty", "corrupt", "duplicate")], np.int64),
     )
+
+
+def save_label_cache(path, arrays, prefix=""):
+    """Write cache ``arrays`` to ``path`` as a plain .npz (loads with allow_pickle=False), atomically."""
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     try:
@@ -370,13 +376,12 @@ class LoadImagesAndLabels(Dataset):
         if self.rect:
             self._sort_for_rect(batch_size, img_size, stride, pad)
 
-        self.ims = [None] * self.n
-        self.im_hw0, self.im_hw = [None] * self.n, [None] * self.n
+        self.ims = [None] * self.n  # RAM cache of base images (see _base_image)
         self.npy_files = [str(Path(f).with_suffix(".npy")) for f in self.im_files]
         mode = _cache_mode(cache_images, prefix)
+        self.cache_disk = mode == "disk"
         if mode == "ram" and self._ram_fits(prefix):
             self._cache_in_ram(prefix)
-        self.cache_disk = mode == "disk"
         if self.cache_disk:
             self._cache_on_disk(prefix)
 
@@ -392,9 +397,8 @@ class LoadImagesAndLabels(Dataset):
         if cache is None:
             if cache_path.exists():
                 LOGGER.info(f"{prefix}Label cache {cache_path} is stale or unreadable, rescanning")
-            results, counts = _scan(im_files, label_files, nc, prefix)
-            save_label_cache(cache_path, key, results, counts, prefix)
-            cache = load_label_cache(cache_path, key) or self._cache_dict(results, counts, key)
+            cache = _cache_arrays(key, *_scan(im_files, label_files, nc, prefix))
+            save_label_cache(cache_path, cache, prefix)
         for msg in cache["messages"]:
             LOGGER.warning(f"{prefix}WARNING {msg}")
         found, missing, empty, corrupt, duplicate = (int(c) for c in cache["counts"])
@@ -412,21 +416,6 @@ class LoadImagesAndLabels(Dataset):
         self.labels = [cache["labels"][offsets[i]:offsets[i + 1]].copy() for i in range(n_usable)]
         self.shapes = cache["shapes"].astype(np.int64)
         self.orientations = cache["orientations"].astype(int)
-
-    @staticmethod
-    def _cache_dict(results, counts, key):
-        """The same dict :func:`load_label_cache` returns, built in memory (when the cache cannot be written)."""
-        usable = [r for r in results if r.labels is not None]
-        lengths = [len(r.labels) for r in usable]
-        return dict(
-            key=key, im_files=[r.im_file for r in usable],
-            offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
-            labels=np.concatenate([r.labels for r in usable]) if lengths else np.zeros((0, 5), np.float32),
-            shapes=np.array([r.shape for r in usable], dtype=np.int64).reshape(-1, 2),
-            orientations=np.array([r.orientation for r in usable], dtype=np.uint8),
-            messages=[m for r in results for m in r.messages],
-            counts=[counts[k] for k in ("found", "missing", "empty", "corrupt", "duplicate")],
-        )
 
     def _sort_for_rect(self, batch_size, img_size, stride, pad):
         """Order images by aspect ratio and give each batch the smallest stride-multiple shape (h, w)."""
@@ -448,46 +437,60 @@ class LoadImagesAndLabels(Dataset):
 
     # ---- images
 
-    def _read(self, i):
-        """Original image i, upright BGR uint8 (from the .npy disk cache when enabled)."""
-        if self.cache_disk and os.path.isfile(self.npy_files[i]):
-            return np.load(self.npy_files[i], allow_pickle=False)
+    def _decode(self, i):
+        """Decode image file i upright as BGR uint8 (h0, w0, 3)."""
         im = read_image(self.im_files[i], int(self.orientations[i]))
         if im is None:
             raise UserError(f"{self.prefix}{self.im_files[i]}: image can no longer be read (changed since the scan?)")
         return im
+
+    def _read(self, i):
+        """Original image i, upright BGR uint8 (from the .npy disk cache when enabled)."""
+        if self.cache_disk and os.path.isfile(self.npy_files[i]):
+            return np.load(self.npy_files[i], allow_pickle=False)
+        return self._decode(i)
 
     def _resized_shape(self, h0, w0):
         """(h, w) of an h0 x w0 image scaled so its long side is ``img_size``."""
         r = self.img_size / max(h0, w0)
         return (math.ceil(h0 * r), math.ceil(w0 * r)) if r != 1 else (h0, w0)
 
+    def _base_image(self, i):
+        """Image i as cached and warped from: shrunk to ``img_size`` when larger, else the original.
+
+        Enlarging is left to the consumer (the mosaic warp does it in its single interpolation), so
+        small images cost no extra memory and cached and uncached samples are bit-identical.
+        """
+        if self.ims[i] is not None:
+            return self.ims[i]
+        im = self._read(i)
+        h0, w0 = im.shape[:2]
+        h, w = self._resized_shape(h0, w0)
+        if h < h0 or w < w0:
+            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR if self.augment else cv2.INTER_AREA)
+        return im
+
     def load_image(self, i):
         """Image i resized so its long side is ``img_size`` -> ``(im (h, w, 3) BGR, (h0, w0), (h, w))``.
 
         The returned array may be the RAM cache itself: callers must not modify it in place.
         """
-        if self.ims[i] is not None:
-            return self.ims[i], self.im_hw0[i], self.im_hw[i]
-        im = self._read(i)
-        h0, w0 = im.shape[:2]
+        w0, h0 = (int(v) for v in self.shapes[i])
         h, w = self._resized_shape(h0, w0)
-        if (h, w) != (h0, w0):
-            interp = cv2.INTER_LINEAR if (self.augment or h > h0) else cv2.INTER_AREA
-            im = cv2.resize(im, (w, h), interpolation=interp)
+        im = self._base_image(i)
+        if im.shape[:2] != (h, w):
+            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
         return im, (h0, w0), (h, w)
 
     def _mosaic_source(self, i):
-        """Image i as the mosaic wants it: ``(pixels, (h, w) after resizing)``; the mosaic does the resizing."""
-        if self.ims[i] is not None:
-            return self.ims[i], self.im_hw[i]
-        im = self._read(i)
-        return im, self._resized_shape(*im.shape[:2])
+        """Image i as the mosaic wants it: ``(base image, (h, w) after resizing)``; the warp does the rest."""
+        w0, h0 = (int(v) for v in self.shapes[i])
+        return self._base_image(i), self._resized_shape(h0, w0)
 
     def _ram_fits(self, prefix) -> bool:
         """Estimate the RAM cache from a sample of images; refuse (with a warning) if it would not fit."""
         sample = np.linspace(0, self.n - 1, min(self.n, 30)).astype(int)
-        per_image = np.mean([self.load_image(i)[0].nbytes for i in sample])
+        per_image = np.mean([self._base_image(i).nbytes for i in sample])
         need, available = per_image * self.n * 1.1, _available_memory()
         if need > available:
             LOGGER.warning(f"{prefix}WARNING --cache ram needs {need / 1e9:.1f} GB but only {available / 1e9:.1f} GB "
@@ -497,10 +500,9 @@ class LoadImagesAndLabels(Dataset):
 
     def _cache_in_ram(self, prefix):
         with ThreadPool(NUM_THREADS) as pool:
-            loaded = pool.imap(self.load_image, range(self.n))
-            for i, (im, hw0, hw) in enumerate(tqdm(loaded, total=self.n, desc=f"{prefix}Caching images (RAM)",
-                                                   leave=False)):
-                self.ims[i], self.im_hw0[i], self.im_hw[i] = im, hw0, hw
+            loaded = pool.imap(self._base_image, range(self.n))
+            for i, im in enumerate(tqdm(loaded, total=self.n, desc=f"{prefix}Caching images (RAM)", leave=False)):
+                self.ims[i] = im
 
     def _write_npy(self, i):
         """Save image i as .npy beside it unless an up-to-date one exists (atomically)."""
@@ -508,7 +510,7 @@ class LoadImagesAndLabels(Dataset):
         if npy.exists() and npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
             return
         buf = io.BytesIO()
-        np.save(buf, read_image(self.im_files[i], int(self.orientations[i])), allow_pickle=False)
+        np.save(buf, self._decode(i), allow_pickle=False)
         atomic_write_bytes(npy, buf.getvalue())
 
     def _cache_on_disk(self, prefix):
@@ -580,28 +582,34 @@ class LoadImagesAndLabels(Dataset):
             raise IndexError(f"index {index} out of range for {self.n} images")
         return index, epoch, draw
 
+    def _augmented(self, index, rng):
+        """Training sample: mosaic (+ mixup) or warped letterbox, HSV -> (img BGR, labels (n, 5) xyxy pixels)."""
+        hyp = self.hyp
+        use_mosaic = self.mosaic and rng.random() < hyp["mosaic"]
+        lut = hsv_lut(rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+        if not use_mosaic:
+            img, labels, _ = self._load_letterboxed(index, rng)
+            if lut is not None:
+                apply_hsv(img, lut, dst=img)
+            return img, labels
+        img, labels = self._load_mosaic(index, rng, lut)
+        if rng.random() < hyp["mixup"]:
+            img, labels = mixup(img, labels, *self._load_mosaic(int(rng.integers(0, self.n)), rng, lut), rng)
+        return img, labels
+
     def __getitem__(self, key):
         index, epoch, draw = self._parse_key(key)
-        rng = self._rng(index, epoch, draw) if self.augment else None
-        shapes = None
         if self.augment:
-            hyp = self.hyp
-            use_mosaic = self.mosaic and rng.random() < hyp["mosaic"]
-            lut = hsv_lut(rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
-        if self.augment and use_mosaic:
-            img, labels = self._load_mosaic(index, rng, lut)
-            if rng.random() < hyp["mixup"]:
-                img, labels = mixup(img, labels, *self._load_mosaic(int(rng.integers(0, self.n)), rng, lut), rng)
+            rng = self._rng(index, epoch, draw)
+            img, labels = self._augmented(index, rng)
+            shapes = None
         else:
-            img, labels, shapes = self._load_letterboxed(index, rng)
-            if self.augment and lut is not None:
-                apply_hsv(img, lut, dst=img)
+            img, labels, shapes = self._load_letterboxed(index, None)
         h, w = img.shape[:2]
         if len(labels):
             labels[:, 1:5] = xyxy2xywhn(labels[:, 1:5], w=w, h=h, clip=True, eps=1e-3)
         if self.augment:
             img, labels = self._flip(img, labels, rng)
-            shapes = None
         labels_out = torch.zeros((len(labels), 6))
         if len(labels):
             labels_out[:, 1:] = torch.from_numpy(labels)
@@ -862,6 +870,8 @@ class LoadImages:
             self.cap.grab()
         ok, frame = self.cap.read()
         if not ok:
+            if self.frame == 0:
+                LOGGER.warning(f"WARNING {path}: cannot read video, skipped")
             self.cap.release()
             self.cap = None
             return None

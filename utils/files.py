@@ -5,9 +5,27 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from utils.errors import UserError
+
+
+def plain_data(obj):
+    """Recursively turn Paths, tuples, str subclasses and numpy values into plain Python types.
+
+    Anything else (numbers, None, tensors) is returned unchanged, so the result suits both
+    ``yaml.safe_dump`` and ``torch.load(..., weights_only=True)``.
+    """
+    if isinstance(obj, dict):
+        return {plain_data(k): plain_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_data(v) for v in obj]
+    if isinstance(obj, (Path, str)):
+        return str(obj)
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return obj.tolist()
+    return obj
 
 
 def yaml_load(path) -> dict:
@@ -30,8 +48,7 @@ def yaml_load(path) -> dict:
 
 def yaml_save(path, data: dict) -> None:
     """Write ``data`` as YAML atomically (plain types only; Paths become strings)."""
-    clean = {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}
-    atomic_write_bytes(path, yaml.safe_dump(clean, sort_keys=False).encode())
+    atomic_write_bytes(path, yaml.safe_dump(plain_data(data), sort_keys=False).encode())
 
 
 def increment_path(path, exist_ok: bool = False, sep: str = "", mkdir: bool = False) -> Path:

@@ -138,7 +138,12 @@ def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0) -> Path:
         _write_split(tmp, "val", n_val, seed, 1)
         if root.exists():
             root.rmdir()
-        os.replace(tmp, root)
+        try:
+            os.replace(tmp, root)
+        except OSError:  # another process (e.g. a second DDP rank) finished first
+            if root.exists() and any(root.iterdir()):
+                raise FileExistsError(f"{root} was created by another process meanwhile") from None
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

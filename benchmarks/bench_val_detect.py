@@ -1,0 +1,102 @@
+"""val.py and detect.py throughput (images/s) for yolov5s and FFCA-YOLO with random-init weights.
+
+    python benchmarks/bench_val_detect.py                          # 640 px, CPU, 32 images, 3 runs
+    python benchmarks/bench_val_detect.py --images 8 --runs 2      # quicker
+    python benchmarks/bench_val_detect.py --device 0 --batch-size 32
+
+Validation figures include data loading, inference, NMS (conf 0.001, IoU 0.6, as val.py's
+defaults) and the metric computation; detect figures include reading and letterboxing each image,
+inference and NMS (conf 0.25), without writing results. The model is loaded once per
+architecture (not timed); each figure is the median of ``--runs`` timed passes over the first
+``--images`` validation images of the embedded shapes data set (generated offline on first use).
+A benchmark, not a test: run it on an idle machine.
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import detect  # noqa: E402 (needs the repo root on sys.path)
+import val  # noqa: E402
+from models.experimental import attempt_load  # noqa: E402
+from models.yolo import Model  # noqa: E402
+from utils.checkpoints import save_checkpoint  # noqa: E402
+from utils.data_config import check_dataset  # noqa: E402
+from utils.dataloaders import create_dataloader  # noqa: E402
+from utils.torch_utils import select_device  # noqa: E402
+
+MODELS = {"yolov5s": ROOT / "models" / "yolov5s.yaml", "ffca-yolo": ROOT / "models" / "ffca-yolo.yaml"}
+
+
+def random_checkpoint(cfg, names, path):
+    """Save a random-init (seed 0) model of ``cfg`` for ``names`` as a project checkpoint."""
+    torch.manual_seed(0)
+    model = Model(cfg, nc=len(names))
+    save_checkpoint({"model_cfg": model.yaml, "nc": len(names), "names": names, "model": model.state_dict(),
+                     "ema": None, "epoch": -1}, path)
+    return path
+
+
+def median_rate(fn, n_images, runs):
+    """Median images/s over ``runs`` calls of ``fn`` (each processing ``n_images``), after one warm-up call."""
+    fn()
+    rates = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        rates.append(n_images / (time.perf_counter() - t0))
+    return statistics.median(rates), rates
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="val.py / detect.py throughput benchmark")
+    parser.add_argument("--data", default=str(ROOT / "data" / "shapes.yaml"))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch-size", type=int, default=8, help="val batch size")
+    parser.add_argument("--images", type=int, default=32, help="validation images per timed pass")
+    parser.add_argument("--runs", type=int, default=3, help="timed passes (median reported)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+
+    data = check_dataset(args.data)
+    device = select_device(args.device, batch_size=args.batch_size)
+    work = Path(tempfile.mkdtemp(prefix="bench_val_detect_"))
+    val_images = sorted(Path(data["val"]).glob("*.*"))[:args.images]
+    image_list = work / "images.txt"
+    image_list.write_text("".join(f"{p}\n" for p in val_images))
+    n = len(val_images)
+    print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, imgsz {args.imgsz}, "
+          f"{n} images, val batch {args.batch_size}, {args.runs} runs")
+
+    for name in args.models:
+        weights = random_checkpoint(MODELS[name], data["names"], work / f"{name}.pt")
+        model = attempt_load(weights, device=device, fuse=True)
+        loader = create_dataloader(str(image_list), args.imgsz, args.batch_size, int(model.stride.max()),
+                                   pad=0.5, rect=True, workers=0, nc=data["nc"])[0]
+
+        def validate():
+            val.run(data, batch_size=args.batch_size, imgsz=args.imgsz, model=model, dataloader=loader,
+                    save_dir=work, plots=False, half=False)
+
+        def run_detect():
+            detect.run(None, str(image_list), imgsz=(args.imgsz,), model=model, nosave=True,
+                       project=work, name="detect", exist_ok=True)
+
+        val_rate, val_runs = median_rate(validate, n, args.runs)
+        det_rate, det_runs = median_rate(run_detect, n, args.runs)
+        print(f"{name:10s} val {val_rate:6.2f} images/s (runs {', '.join(f'{r:.2f}' for r in val_runs)}) | "
+              f"detect {det_rate:6.2f} images/s (runs {', '.join(f'{r:.2f}' for r in det_runs)})")
+
+
+if __name__ == "__main__":
+    main()

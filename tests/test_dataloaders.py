@@ -1,0 +1,484 @@
+"""Data sets and loaders: per-file verdicts, label cache, image formats, determinism, sharding, sources."""
+
+import logging
+import random
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from utils import dataloaders as dl
+from utils.augmentations import letterbox
+from utils.dataloaders import (
+    DeterministicBatchSampler,
+    LoadImages,
+    LoadImagesAndLabels,
+    apply_orientation,
+    create_dataloader,
+    img2label_paths,
+    read_image,
+)
+from utils.errors import UserError
+from utils.logging import LOGGER
+
+HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
+           flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
+
+
+@pytest.fixture
+def log_lines():
+    """Messages LOGGER emits during the test (it does not propagate to pytest's caplog)."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    LOGGER.addHandler(handler)
+    yield lines
+    LOGGER.removeHandler(handler)
+
+
+def _noise(h, w, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def make_dataset(root: Path, n=6, size=(80, 96), split="train"):
+    """n JPEG images (h, w) = size with one or two labelled boxes each; returns the images folder."""
+    images, labels = root / "images" / split, root / "labels" / split
+    images.mkdir(parents=True)
+    labels.mkdir(parents=True)
+    for i in range(n):
+        cv2.imwrite(str(images / f"im{i}.jpg"), _noise(*size, seed=i))
+        rows = [f"{i % 3} 0.5 0.5 0.3 0.4"] + ([f"1 0.25 0.3 0.2 0.2"] if i % 2 else [])
+        (labels / f"im{i}.txt").write_text("\n".join(rows) + "\n")
+    return images
+
+
+def warnings_about(lines, name):
+    return [m for m in lines if name in m and "WARNING" in m]
+
+
+# ---------------------------------------------------------------- label and image verdicts
+
+BAD_LABELS = [
+    ("cols", "0 0.5 0.5 0.2\n", "expected 5 columns"),
+    ("nonnum", "0 0.5 abc 0.2 0.2\n", "non-numeric"),
+    ("nan", "0 0.5 nan 0.2 0.2\n", "NaN or infinite"),
+    ("inf", "0 0.5 0.5 inf 0.2\n", "NaN or infinite"),
+    ("negative", "0 0.5 -0.1 0.2 0.2\n", "negative value"),
+    ("beyond", "0 0.5 1.5 0.2 0.2\n", "coordinate 1.5 > 1"),
+    ("classid", "7 0.5 0.5 0.2 0.2\n", "class id 7 is not below nc=3"),
+    ("fraction", "1.5 0.5 0.5 0.2 0.2\n", "not an integer"),
+]
+
+
+@pytest.mark.parametrize("name,text,reason", BAD_LABELS, ids=[b[0] for b in BAD_LABELS])
+def test_bad_label_file_is_skipped_with_file_line_and_reason(tmp_path, log_lines, name, text, reason):
+    images = make_dataset(tmp_path, n=3)
+    bad = tmp_path / "labels" / "train" / "im1.txt"
+    bad.write_text("1 0.5 0.5 0.1 0.1\n" + text)  # the bad row is on line 2
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert len(ds) == 2 and not any(f.endswith("im1.jpg") for f in ds.im_files)
+    msgs = warnings_about(log_lines, f"{bad}:2:")
+    assert msgs and reason in msgs[0] and "skipped" in msgs[0]
+    summary = [m for m in log_lines if "usable images" in m][-1]
+    assert "1 corrupt" in summary and "2 usable" in summary
+
+
+def test_label_just_beyond_one_is_clipped_and_duplicates_removed(tmp_path, log_lines):
+    images = make_dataset(tmp_path, n=2)
+    lb = tmp_path / "labels" / "train" / "im0.txt"
+    lb.write_text("0 0.5 0.5 0.2 0.2\n1 0.9 1.004 0.1 0.1\n0 0.5 0.5 0.2 0.2\n\n")
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    labels = ds.labels[ds.im_files.index(str(images / "im0.jpg"))]
+    np.testing.assert_allclose(labels, [[0, 0.5, 0.5, 0.2, 0.2], [1, 0.9, 1.0, 0.1, 0.1]], atol=1e-6)
+    assert any(f"{lb}:2:" in m and "clipped" in m for m in log_lines)
+    assert any(f"{lb}:3: duplicate row removed" in m for m in log_lines)
+    assert "1 duplicate" in [m for m in log_lines if "usable images" in m][-1]
+
+
+def test_missing_and_empty_labels_are_background_images(tmp_path, log_lines):
+    images = make_dataset(tmp_path, n=3)
+    (tmp_path / "labels" / "train" / "im0.txt").unlink()
+    (tmp_path / "labels" / "train" / "im1.txt").write_text("\n  \n")
+    ds = LoadImagesAndLabels(str(images), img_size=64)
+    assert len(ds) == 3
+    assert [len(lb) for lb in ds.labels] == [0, 0, 1]
+    summary = [m for m in log_lines if "usable images" in m][-1]
+    assert "1 found, 1 missing, 1 empty, 0 corrupt" in summary
+
+
+def _truncated_jpeg(path):
+    ok, buf = cv2.imencode(".jpg", _noise(80, 96, 5))
+    path.write_bytes(buf.tobytes()[: len(buf) // 2])
+
+
+BAD_IMAGES = [
+    ("zero", lambda p: p.write_bytes(b""), "zero-byte file"),
+    ("truncated", _truncated_jpeg, "unreadable image"),
+    ("text", lambda p: p.write_text("this is not an image"), "not an image file"),
+    ("tiny", lambda p: cv2.imwrite(str(p), _noise(6, 40)), "below 10 pixels"),
+]
+
+
+@pytest.mark.parametrize("name,make,reason", BAD_IMAGES, ids=[b[0] for b in BAD_IMAGES])
+def test_bad_image_is_skipped_and_good_ones_load(tmp_path, log_lines, name, make, reason):
+    images = make_dataset(tmp_path, n=3)
+    bad = images / "im2.jpg"
+    make(bad)
+    ds = LoadImagesAndLabels(str(images), img_size=64)
+    assert ds.im_files == [str(images / "im0.jpg"), str(images / "im1.jpg")]
+    msgs = warnings_about(log_lines, str(bad))
+    assert msgs and reason in msgs[0] and "skipped" in msgs[0]
+    img, labels, path, shapes = ds[0]
+    assert img.shape == (3, 64, 64) and img.dtype == torch.uint8
+
+
+def test_listed_image_that_does_not_exist_is_reported(tmp_path, log_lines):
+    images = make_dataset(tmp_path, n=2)
+    listing = tmp_path / "train.txt"
+    listing.write_text("images/train/im0.jpg\nimages/train/im1.jpg\nimages/train/gone.jpg\n")
+    ds = LoadImagesAndLabels(str(listing), img_size=64)
+    assert len(ds) == 2
+    assert warnings_about(log_lines, "gone.jpg") and "file not found" in warnings_about(log_lines, "gone.jpg")[0]
+
+
+def test_zero_usable_images_is_a_user_error(tmp_path):
+    images = make_dataset(tmp_path, n=2)
+    for f in images.iterdir():
+        f.write_bytes(b"")
+    with pytest.raises(UserError, match="no usable images"):
+        LoadImagesAndLabels(str(images), img_size=64)
+
+
+def test_missing_source_and_folder_without_images_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        LoadImagesAndLabels(str(tmp_path / "nope"), img_size=64)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("x")
+    with pytest.raises(UserError, match="no images found"):
+        LoadImagesAndLabels(str(tmp_path / "empty"), img_size=64)
+
+
+def test_img2label_paths_replaces_the_last_images_folder():
+    p = f"/data/images/set/images/train/a.b.jpg".replace("/", dl.os.sep)
+    assert img2label_paths([p]) == ["/data/images/set/labels/train/a.b.txt".replace("/", dl.os.sep)]
+
+
+# ---------------------------------------------------------------- formats and orientation
+
+def _write_formats(folder: Path):
+    """One image per awkward format; returns {name: expected (h, w)}."""
+    rgb = _noise(40, 50)
+    Image.fromarray(rgb[..., 0]).save(folder / "grey.png")
+    Image.fromarray(np.dstack([rgb, np.full((40, 50), 128, np.uint8)])).save(folder / "rgba.png")
+    cv2.imwrite(str(folder / "deep.png"), (rgb.astype(np.uint16) * 257))
+    cv2.imwrite(str(folder / "plain.bmp"), rgb)
+    Image.fromarray(rgb).save(folder / "plain.tif")
+    Image.fromarray(rgb).save(folder / "plain.webp", lossless=True)
+    return ["grey.png", "rgba.png", "deep.png", "plain.bmp", "plain.tif", "plain.webp"]
+
+
+def test_every_format_loads_as_three_channel_uint8(tmp_path):
+    names = _write_formats(tmp_path)
+    for name in names:
+        im = read_image(tmp_path / name)
+        assert im is not None and im.shape == (40, 50, 3) and im.dtype == np.uint8, name
+    deep = read_image(tmp_path / "deep.png")
+    np.testing.assert_array_equal(deep, _noise(40, 50))  # 16-bit x257 scales back to the 8-bit values
+    ds = LoadImagesAndLabels(str(tmp_path), img_size=64)
+    assert len(ds) == len(names)
+    assert all(ds[i][0].shape == (3, 64, 64) for i in range(len(ds)))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_apply_orientation_matches_pil_exif_transpose(orientation):
+    rgb = _noise(20, 30, orientation)
+    pil = Image.fromarray(rgb)
+    exif = pil.getexif()
+    exif[0x0112] = orientation
+    pil.info["exif"] = exif.tobytes()
+    pil._exif = exif
+    expected = np.asarray(ImageOps.exif_transpose(pil))
+    np.testing.assert_array_equal(apply_orientation(rgb, orientation), expected)
+
+
+def test_exif_rotated_jpeg_is_read_upright_with_upright_size(tmp_path):
+    stored = np.zeros((40, 80, 3), np.uint8)
+    stored[:, :20] = 255  # white band on the left of the stored pixels
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to display"
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.fromarray(stored).save(folder / "rot.jpg", exif=exif.tobytes(), quality=95)
+    upright = read_image(folder / "rot.jpg")
+    assert upright.shape == (80, 40, 3)
+    assert upright[:20].mean() > 200 and upright[30:].mean() < 50  # the band is now on top
+    ds = LoadImagesAndLabels(str(folder), img_size=64)
+    assert tuple(ds.shapes[0]) == (40, 80)  # (w, h) after rotation
+    img = ds[0][0].numpy()
+    assert img[:, 2:14, 18:46].mean() > 200 and img[:, 30:60, 18:46].mean() < 50  # band on top, long side vertical
+
+
+# ---------------------------------------------------------------- label cache
+
+def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypatch):
+    images = make_dataset(tmp_path, n=4)
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    cache = tmp_path / "labels" / "train.cache"
+    assert cache.is_file() and isinstance(ds.cache_hash, str) and len(ds.cache_hash) == 64
+    with np.load(cache, allow_pickle=False) as z:  # plain arrays, no pickled objects
+        assert str(z["key"]) == ds.cache_hash
+    assert not list(cache.parent.glob(".*.tmp"))  # atomic write left no temporary file
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("scanned although the cache is valid")
+
+    monkeypatch.setattr(dl, "_scan", no_scan)
+    again = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert again.cache_hash == ds.cache_hash and len(again) == 4
+    monkeypatch.undo()
+
+    label = tmp_path / "labels" / "train" / "im0.txt"
+    label.write_text("2 0.5 0.5 0.5 0.5\n2 0.1 0.1 0.1 0.1\n")
+    changed = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert changed.cache_hash != ds.cache_hash
+    np.testing.assert_allclose(changed.labels[0][:, 0], [2, 2])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "pickle"])
+def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, damage):
+    images = make_dataset(tmp_path, n=3)
+    first = LoadImagesAndLabels(str(images), img_size=64)
+    cache = tmp_path / "labels" / "train.cache"
+    data = cache.read_bytes()
+    if damage == "truncate":
+        cache.write_bytes(data[: len(data) // 3])
+    elif damage == "garbage":
+        cache.write_bytes(b"\x00not a cache at all" * 10)
+    else:  # an object array can only be read by unpickling: must be refused
+        with open(cache, "wb") as f:
+            np.savez(f, version=np.array(dl.CACHE_VERSION), key=np.array(first.cache_hash),
+                     im_files=np.array([object()], dtype=object))
+    rebuilt = LoadImagesAndLabels(str(images), img_size=64)
+    assert len(rebuilt) == 3 and rebuilt.cache_hash == first.cache_hash
+    assert all(np.array_equal(a, b) for a, b in zip(first.labels, rebuilt.labels))
+    with np.load(cache, allow_pickle=False) as z:
+        assert len(z["im_files"]) == 3
+
+
+# ---------------------------------------------------------------- samples, options
+
+def test_validation_sample_is_letterboxed_with_rescale_shapes(tmp_path):
+    images = make_dataset(tmp_path, n=2, size=(60, 120))
+    ds = LoadImagesAndLabels(str(images), img_size=64)
+    img, labels, path, shapes = ds[0]
+    assert img.shape == (3, 64, 64)
+    (h0, w0), ((rh, rw), (padw, padh)) = shapes
+    assert (h0, w0) == (60, 120) and rh == pytest.approx(32 / 60) and (padw, padh) == (0.0, 16.0)
+    # the box 0.5 0.5 0.3 0.4 of the original, in the letterboxed 64 x 64 image
+    np.testing.assert_allclose(labels[0, 1:].numpy(), [0, 0.5, 0.5, 0.3, 0.4 * 32 / 64], atol=1e-5)
+    assert torch.equal(img[:, 0], torch.full((3, 64), 114, dtype=torch.uint8))  # top padding row
+
+
+def test_rect_batches_use_stride_multiple_shapes(tmp_path):
+    images = make_dataset(tmp_path, n=4, size=(60, 120))
+    loader, ds = create_dataloader(str(images), 64, 2, 32, rect=True, workers=0, pad=0.0)
+    assert ds.batch_shapes.tolist() == [[32, 64], [32, 64]]
+    imgs, targets, paths, shapes = next(iter(loader))
+    assert imgs.shape == (2, 3, 32, 64) and shapes[0] is not None
+    assert targets[:, 0].tolist() == sorted(targets[:, 0].tolist())
+
+
+def test_single_cls_and_targets_layout(tmp_path):
+    images = make_dataset(tmp_path, n=4)
+    loader, ds = create_dataloader(str(images), 64, 4, 32, single_cls=True, workers=0)
+    imgs, targets, paths, shapes = next(iter(loader))
+    assert imgs.dtype == torch.uint8 and imgs.shape == (4, 3, 64, 64)
+    assert targets.shape == (6, 6) and set(targets[:, 1].tolist()) == {0.0}
+    assert targets[:, 0].tolist() == [0, 1, 1, 2, 3, 3]
+    assert ((targets[:, 2:] >= 0) & (targets[:, 2:] <= 1)).all()
+
+
+def test_augmented_samples_keep_valid_boxes_and_no_shapes(tmp_path):
+    images = make_dataset(tmp_path, n=6)
+    ds = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, nc=3)
+    for epoch in range(3):
+        for i in range(len(ds)):
+            img, labels, _, shapes = ds[(i, epoch, 0)]
+            assert img.shape == (3, 64, 64) and shapes is None
+            assert set(labels[:, 1].tolist()) <= {0.0, 1.0, 2.0}
+            assert ((labels[:, 2:] >= 0) & (labels[:, 2:] <= 1)).all()
+    assert torch.equal(ds[(2, 1, 0)][0], ds[(2, 1, 0)][0])
+    assert not torch.equal(ds[(2, 1, 0)][0], ds[(2, 2, 0)][0])
+
+
+def test_augment_without_hyp_uses_scratch_low_and_incomplete_hyp_is_rejected(tmp_path):
+    images = make_dataset(tmp_path, n=2)
+    ds = LoadImagesAndLabels(str(images), img_size=64, augment=True)
+    assert ds.hyp["mosaic"] == 1.0 and ds.hyp["scale"] == 0.5
+    with pytest.raises(UserError, match="mosaic"):
+        LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp={"hsv_h": 0.1})
+
+
+def test_ram_cache_gives_identical_samples_and_is_refused_when_memory_is_short(tmp_path, monkeypatch, log_lines):
+    images = make_dataset(tmp_path, n=3)
+    plain = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP)
+    cached = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, cache_images="ram")
+    assert all(im is not None for im in cached.ims)
+    for key in [(0, 0, 0), (1, 3, 0), (2, 5, 0)]:
+        assert torch.equal(plain[key][0], cached[key][0]) and torch.equal(plain[key][1], cached[key][1])
+    before = [im.copy() for im in cached.ims]
+    for key in range(3):
+        cached[(key, 9, 0)]
+    assert all(np.array_equal(a, b) for a, b in zip(before, cached.ims))  # augmentation never writes into the cache
+
+    monkeypatch.setattr(dl, "_available_memory", lambda: 1000)
+    refused = LoadImagesAndLabels(str(images), img_size=64, cache_images="ram")
+    assert all(im is None for im in refused.ims)
+    assert any("--cache ram needs" in m for m in log_lines)
+    with pytest.raises(UserError, match="--cache"):
+        LoadImagesAndLabels(str(images), img_size=64, cache_images="gpu")
+
+
+def test_disk_cache_writes_npy_and_loads_the_same_pixels(tmp_path):
+    images = make_dataset(tmp_path, n=2)
+    plain = LoadImagesAndLabels(str(images), img_size=64)
+    disk = LoadImagesAndLabels(str(images), img_size=64, cache_images="disk")
+    assert all(Path(f).is_file() for f in disk.npy_files)
+    assert torch.equal(plain[1][0], disk[1][0])
+
+
+def test_image_weights_favour_images_with_rare_classes(tmp_path):
+    images = make_dataset(tmp_path, n=6)
+    for i in range(6):  # class 2 only in im5, class 0 everywhere else
+        (tmp_path / "labels" / "train" / f"im{i}.txt").write_text("2 0.5 0.5 0.2 0.2\n" if i == 5 else
+                                                                     "0 0.5 0.5 0.2 0.2\n")
+    ds = LoadImagesAndLabels(str(images), img_size=64, image_weights=True)
+    sampler = DeterministicBatchSampler(ds, batch_size=6, seed=0)
+    counts = np.zeros(6)
+    for epoch in range(20):
+        sampler.set_epoch(epoch)
+        keys = [k for b in sampler for k in b]
+        for index, _, draw in keys:
+            counts[index] += 1
+        assert len(set(keys)) == len(keys)  # repeated images get distinct draw numbers
+    assert counts[5] > 2 * counts[:5].mean()
+
+
+def test_quad_collate_makes_double_size_images(tmp_path):
+    images = make_dataset(tmp_path, n=8)
+    loader, _ = create_dataloader(str(images), 64, 8, 32, quad=True, workers=0)
+    imgs, targets, paths, shapes = next(iter(loader))
+    assert imgs.shape == (2, 3, 128, 128) and len(paths) == 2
+    assert ((targets[:, 2:] >= 0) & (targets[:, 2:] <= 1)).all() and set(targets[:, 0].tolist()) <= {0.0, 1.0}
+
+
+# ---------------------------------------------------------------- determinism, resume, shards
+
+def _epochs(loader, epochs):
+    out = []
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        out.append([(b[0].clone(), b[1].clone(), b[2]) for b in loader])
+    return out
+
+
+def test_batches_are_identical_for_workers_0_and_2_over_two_epochs(tmp_path):
+    images = make_dataset(tmp_path, n=10)
+    kwargs = dict(hyp=HYP, augment=True, shuffle=True, seed=3)
+    l0, _ = create_dataloader(str(images), 64, 4, 32, workers=0, **kwargs)
+    l2, _ = create_dataloader(str(images), 64, 4, 32, workers=2, **kwargs)
+    assert l0.num_workers == 0 and l2.num_workers == 2
+    torch_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    a, b = _epochs(l0, [0, 1]), _epochs(l2, [0, 1])
+    assert torch.equal(torch_state, torch.get_rng_state())  # loaders never touch the global generators
+    assert np.array_equal(np_state[1], np.random.get_state()[1]) and py_state == random.getstate()
+    assert [len(e) for e in a] == [3, 3]
+    for ea, eb in zip(a, b):
+        for (ia, ta, pa), (ib, tb, pb) in zip(ea, eb):
+            assert pa == pb and torch.equal(ia, ib) and torch.equal(ta, tb)
+    assert [p for _, _, p in a[0]] != [p for _, _, p in a[1]]  # the order changes with the epoch
+
+
+def test_set_epoch_start_batch_yields_the_tail_of_the_full_epoch(tmp_path):
+    images = make_dataset(tmp_path, n=10)
+    loader, _ = create_dataloader(str(images), 64, 3, 32, hyp=HYP, augment=True, shuffle=True, seed=1, workers=0)
+    full = _epochs(loader, [4])[0]
+    loader.set_epoch(4, start_batch=2)
+    tail = [(b[0], b[1], b[2]) for b in loader]
+    assert len(full) == len(loader) == 4 and len(tail) == 2
+    for (ia, ta, pa), (ib, tb, pb) in zip(full[2:], tail):
+        assert pa == pb and torch.equal(ia, ib) and torch.equal(ta, tb)
+    with pytest.raises(ValueError):
+        loader.set_epoch(0, start_batch=99)
+
+
+def test_two_ranks_cover_every_image_with_equal_counts(tmp_path, monkeypatch):
+    images = make_dataset(tmp_path, n=7)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shards = []
+    for rank in (0, 1):
+        loader, ds = create_dataloader(str(images), 64, 2, 32, rank=rank, shuffle=True, seed=5, workers=0)
+        loader.set_epoch(3)
+        keys = [k for batch in loader.batch_sampler for k in batch]
+        shards.append(keys)
+        assert len(loader) == 2
+    assert len(shards[0]) == len(shards[1]) == 4  # 7 images padded to 8
+    indices = [k[0] for s in shards for k in s]
+    assert set(indices) == set(range(7)) and len(indices) == 8
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    single = DeterministicBatchSampler(ds, 2, shuffle=True, seed=5)
+    single.set_epoch(3)
+    order = [k[0] for b in single for k in b]
+    assert [k[0] for k in shards[0]] == order[0::2]  # shard = every second image of the same epoch order
+
+
+def test_rect_shards_keep_whole_batches(tmp_path):
+    images = make_dataset(tmp_path, n=6, size=(60, 120))
+    ds = LoadImagesAndLabels(str(images), img_size=64, batch_size=2, rect=True)
+    parts = []
+    for rank in (0, 1):
+        sampler = DeterministicBatchSampler(ds, 2, rank=rank, world_size=2)
+        parts.append([[k[0] for k in b] for b in sampler])
+    assert parts == [[[0, 1], [4, 5]], [[2, 3], [0, 1]]]
+
+
+# ---------------------------------------------------------------- inference sources
+
+def _write_video(path, frames=6, size=(48, 64)):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 5, (size[1], size[0]))
+    for i in range(frames):
+        writer.write(np.full((*size, 3), i * 30, np.uint8))
+    writer.release()
+
+
+def test_load_images_mixes_images_and_video_frames(tmp_path):
+    cv2.imwrite(str(tmp_path / "a.jpg"), _noise(50, 70))
+    _write_video(tmp_path / "clip.avi")
+    (tmp_path / "readme.md").write_text("ignored")
+    items = list(LoadImages(str(tmp_path), img_size=64, stride=32, vid_stride=2))
+    assert [Path(p).name for p, *_ in items] == ["a.jpg", "clip.avi", "clip.avi", "clip.avi"]
+    path, im, im0, cap, s = items[0]
+    assert im.shape == (3, 64, 64) and im.dtype == np.uint8 and im0.shape == (50, 70, 3) and cap is None
+    np.testing.assert_array_equal(im, letterbox(im0, 64, stride=32)[0].transpose(2, 0, 1)[::-1])
+    assert items[1][3] is not None and "video 2/2" in items[1][4]
+    assert im.shape[1] % 32 == 0 and im.shape[2] % 32 == 0
+
+
+def test_load_images_from_glob_and_txt_list(tmp_path):
+    for name in ("a.png", "b.png"):
+        cv2.imwrite(str(tmp_path / name), _noise(40, 40))
+    assert len(LoadImages(str(tmp_path / "*.png"), img_size=64)) == 2
+    (tmp_path / "list.txt").write_text("b.png\n")
+    paths = [p for p, *_ in LoadImages(str(tmp_path / "list.txt"), img_size=64)]
+    assert [Path(p).name for p in paths] == ["b.png"]
+
+
+def test_load_images_bad_sources_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        LoadImages(str(tmp_path / "missing.jpg"))
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(UserError, match="no supported files"):
+        LoadImages(str(tmp_path))
