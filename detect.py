@@ -271,14 +271,16 @@ def report(dt, seen, imgsz, save_dir, save_txt, nosave):
     LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
                 f"{(1, 3, *imgsz)}" % per_image)
     if save_txt or not nosave:
-        labels = f"\n{len(list(save_dir.glob('labels/*.txt')))} labels saved to {save_dir / 'labels'}" if save_txt else ""
+        n_labels = len(list(save_dir.glob("labels/*.txt")))
+        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
 
 
 def parse_opt(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", nargs="+", type=str, required=True, help="checkpoint(s); several = ensemble")
-    parser.add_argument("--source", type=str, required=True, help="file, folder, glob, .txt list, video or webcam index")
+    parser.add_argument("--source", type=str, required=True,
+                        help="image, folder, glob, .txt list, video or webcam index")
     parser.add_argument("--data", type=str, default=None, help="optional data set YAML for class names")
     parser.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="inference size h,w")
     parser.add_argument("--conf-thres", type=float, default=0.25, help="confidence threshold")

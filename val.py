@@ -227,7 +227,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         if coco is not None:
             map_, map50 = coco
     if not training:
-        written = f"\n{len(list(save_dir.glob('labels/*.txt')))} labels saved to {save_dir / 'labels'}" if save_txt else ""
+        n_labels = len(list(save_dir.glob("labels/*.txt")))
+        written = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
     model.float()
     return (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist()), maps, times

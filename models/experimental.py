@@ -31,7 +31,8 @@ def _model_class():
 def _float_state_dict(state, path):
     """Checkpoint state dict (fp16 or fp32) -> fp32 tensors; rejects anything that is not a state dict."""
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"{path}: the checkpoint's weights are not a state dict; re-save it with this project's train.py")
+        raise UserError(f"{path}: the checkpoint's weights are not a state dict; "
+                        "re-save it with this project's train.py")
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
@@ -96,7 +97,8 @@ def attempt_load(weights, device=None, fuse=True):
     ensemble = Ensemble(models)
     counts = {m.model[-1].nc for m in models}
     if len(counts) > 1:
-        raise UserError(f"--weights {[str(p) for p in paths]}: ensemble members have different class counts {sorted(counts)}")
+        raise UserError(f"--weights {[str(p) for p in paths]}: ensemble members have different class counts "
+                        f"{sorted(counts)}; ensemble only models trained on the same classes")
     ensemble.names = models[0].names
     ensemble.nc = models[0].model[-1].nc
     ensemble.stride = max((m.stride for m in models), key=lambda s: float(s.max()))

@@ -65,7 +65,7 @@ class Detect(nn.Module):
         self.nc = nc
         self.no = nc + 5
         self.nl = len(ch)
-        self.placeholder = isinstance(anchors, int)
+        self.placeholder = isinstance(anchors, int)  # anchors came from a count, not from sizes
         if self.placeholder:
             self.na = anchors
             anchor_tensor = placeholder_anchors(self.nl, self.na)
@@ -389,7 +389,9 @@ class DetectionModel(nn.Module):
         if nc is not None and nc != self.yaml.get("nc"):
             LOGGER.info(f"Overriding {source} nc={self.yaml.get('nc')} with nc={nc}")
             self.yaml["nc"] = nc
-        if anchors is not None:
+        if anchors:  # a count (hyp files give e.g. 3.0) or per-level pixel lists; 0/None keep the YAML's
+            if isinstance(anchors, (int, float)) and not isinstance(anchors, bool):
+                anchors = round(anchors)
             LOGGER.info(f"Overriding {source} anchors with anchors={anchors}")
             self.yaml["anchors"] = anchors
         self.model, self.save = parse_model(deepcopy(self.yaml), ch=[ch], source=source)

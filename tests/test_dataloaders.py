@@ -247,6 +247,16 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
     np.testing.assert_allclose(changed.labels[0][:, 0], [2, 2])
 
 
+def test_class_check_uses_the_cache_without_rescanning(tmp_path, monkeypatch, log_lines):
+    images = make_dataset(tmp_path, n=4)
+    (tmp_path / "labels" / "train" / "im3.txt").write_text("0 0.5 0.5 0.2 0.2\n5 0.5 0.5 0.1 0.1\n")
+    assert len(LoadImagesAndLabels(str(images), img_size=64)) == 4  # no nc: every class id is accepted
+    monkeypatch.setattr(dl, "_scan", lambda *a: pytest.fail("rescanned for a different nc"))
+    checked = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert len(checked) == 3 and str(images / "im3.jpg") not in checked.im_files
+    assert any("im3.txt:2: class id 5 is not below nc=3" in m for m in log_lines)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "pickle"])
 def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, damage):
     images = make_dataset(tmp_path, n=3)

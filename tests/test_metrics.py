@@ -152,7 +152,7 @@ def test_plot_results_and_labels(tmp_path):
 
 
 def test_annotator_draws_ascii_and_unicode_offline():
-    from utils.plots import Annotator, colors, plot_images
+    from utils.plots import Annotator, colors
     im = np.zeros((64, 96, 3), np.uint8)
     annotator = Annotator(im.copy(), line_width=1)
     annotator.box_label([10, 20, 50, 60], "car 0.9", color=colors(3, bgr=True))
@@ -244,3 +244,13 @@ def test_map_agrees_with_pycocotools(tmp_path):
     assert 0.2 < own_map < 0.9, "the data set should be neither trivial nor hopeless"
     assert abs(own_map - coco_map) < 0.01
     assert abs(own_map50 - coco_map50) < 0.01
+
+
+def test_plot_val_study(tmp_path):
+    from utils.plots import plot_val_study
+    rows = np.array([[size, 0.5, 0.5, 0.4 + size / 1e4, 0.2 + size / 1e4, 0, 0, 0, 1.0, size / 100, 0.5]
+                     for size in (256, 384, 512)])
+    study = tmp_path / "study_data_w.txt"
+    np.savetxt(study, rows)
+    plot_val_study([study], tmp_path / "study.png")
+    assert (tmp_path / "study.png").stat().st_size > 1000

@@ -224,9 +224,11 @@ def test_model_yaml_is_a_plain_copy_and_nc_override_is_logged(log_capture):
 
 
 def test_anchor_override_with_count_gives_placeholders():
-    model = Model(TINY, anchors=4)
-    assert model.model[-1].anchors.shape == (3, 4, 2)
+    model = Model(TINY, anchors=4.0)  # hyperparameter files give the count as a float
+    assert model.model[-1].anchors.shape == (3, 4, 2) and model.model[-1].placeholder
     assert model.yaml["anchors"] == 4
+    unchanged = Model(TINY, anchors=0)
+    assert unchanged.yaml["anchors"] == tiny_dict()["anchors"] and not unchanged.model[-1].placeholder
 
 
 def test_input_channels_argument():

@@ -116,7 +116,8 @@ def test_nms_score_is_objectness_times_class_and_multi_label():
 
 
 def test_nms_batch_tuple_input_and_empty_images():
-    pred = torch.cat((_prediction([(50, 50, 20, 20, 0.9, 0, 1.0)], 1), _prediction([(50, 50, 20, 20, 0.01, 0, 1.0)], 1)))
+    confident = _prediction([(50, 50, 20, 20, 0.9, 0, 1.0)], 1)
+    pred = torch.cat((confident, _prediction([(50, 50, 20, 20, 0.01, 0, 1.0)], 1)))
     out = non_max_suppression((pred, None), conf_thres=0.25)
     assert len(out) == 2 and out[0].shape == (1, 6) and out[1].shape == (0, 6)
 

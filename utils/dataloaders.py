@@ -35,7 +35,7 @@ IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp",
 VID_FORMATS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
 LABEL_TOLERANCE = 0.01  # coordinates in (1, 1 + tolerance] are clipped to 1; beyond that the file is skipped
 MIN_IMAGE_SIDE = 10  # pixels; smaller images are treated as corrupt, as in YOLOv5
-CACHE_VERSION = "ffca-labels-1"
+CACHE_VERSION = "ffca-labels-2"
 NUM_THREADS = min(8, max(1, os.cpu_count() or 1))
 PIN_MEMORY = os.getenv("PIN_MEMORY", "true").lower() == "true"
 DEFAULT_HYP = Path(__file__).resolve().parents[1] / "data" / "hyps" / "hyp.scratch-low.yaml"
@@ -141,6 +141,7 @@ class ScanResult:
 
     im_file: str
     labels: np.ndarray | None = None  # (n, 5) float32 [cls, x, y, w, h]
+    lines: np.ndarray | None = None  # (n,) line number of each label row
     shape: tuple = (0, 0)  # upright (w, h)
     orientation: int = 1
     status: str = "found"  # found | missing | empty | corrupt
@@ -174,8 +175,11 @@ def _check_image(im_file):
     return None, (w, h), orientation
 
 
-def _check_row(parts, nc):
-    """Problem with one label row (list of str) or None; returns ``(problem, values)``."""
+def _check_row(parts):
+    """Problem with one label row (list of str) or None; returns ``(problem, values)``.
+
+    Class ids are checked against ``nc`` later (:func:`_class_problems`), so the cache does not depend on it.
+    """
     if len(parts) != 5:
         return f"expected 5 columns 'class x y w h', got {len(parts)}", None
     try:
@@ -188,37 +192,39 @@ def _check_row(parts, nc):
         return f"negative value in {' '.join(parts)!r}", None
     if values[0] != int(values[0]):
         return f"class id {parts[0]} is not an integer", None
-    if nc is not None and values[0] >= nc:
-        return f"class id {int(values[0])} is not below nc={nc} (classes are 0..{nc - 1})", None
     if max(values[1:]) > 1 + LABEL_TOLERANCE:
         return f"coordinate {max(values[1:]):g} > 1 (labels must be normalised to 0-1)", None
     return None, values
 
 
-def _parse_labels(lb_file, nc):
-    """Parse a YOLO label file -> ``(labels (n, 5) float32 or None if corrupt, status, duplicate, messages)``."""
+def _parse_labels(lb_file):
+    """Parse a YOLO label file.
+
+    Returns ``(labels (n, 5) float32 or None if corrupt, line numbers (n,), status, duplicate, messages)``.
+    """
+    none = np.zeros((0, 5), np.float32), np.zeros(0, np.int32)
     if not os.path.isfile(lb_file):
-        return np.zeros((0, 5), np.float32), "missing", False, []
+        return *none, "missing", False, []
     try:
         text = Path(lb_file).read_text(encoding="utf-8-sig")  # tolerate a byte-order mark
     except (OSError, UnicodeDecodeError) as e:
-        return None, "corrupt", False, [f"{lb_file}: unreadable label file ({type(e).__name__}); image skipped"]
+        return None, None, "corrupt", False, [f"{lb_file}: unreadable label file ({type(e).__name__}); image skipped"]
     rows, line_numbers, messages = [], [], []
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
             continue
-        problem, values = _check_row(parts, nc)
+        problem, values = _check_row(parts)
         if problem:
-            return None, "corrupt", False, [f"{lb_file}:{n}: {problem}; image skipped"]
+            return None, None, "corrupt", False, [f"{lb_file}:{n}: {problem}; image skipped"]
         if max(values[1:]) > 1:
             messages.append(f"{lb_file}:{n}: coordinate {max(values[1:]):g} slightly > 1 clipped to 1")
             values[1:] = [min(v, 1.0) for v in values[1:]]
         rows.append(values)
         line_numbers.append(n)
     if not rows:
-        return np.zeros((0, 5), np.float32), "empty", False, []
-    labels = np.array(rows, dtype=np.float32)
+        return *none, "empty", False, []
+    labels, lines = np.array(rows, dtype=np.float32), np.array(line_numbers, dtype=np.int32)
     _, first = np.unique(labels, axis=0, return_index=True)
     duplicate = len(first) < len(labels)
     if duplicate:
@@ -226,24 +232,34 @@ def _parse_labels(lb_file, nc):
         dropped = sorted(set(range(len(labels))) - set(keep.tolist()))
         for i in dropped:
             messages.append(f"{lb_file}:{line_numbers[i]}: duplicate row removed")
-        labels = labels[keep]
-    return labels, "found", duplicate, messages
+        labels, lines = labels[keep], lines[keep]
+    return labels, lines, "found", duplicate, messages
 
 
-def verify_image_label(im_file, lb_file, nc=None) -> ScanResult:
+def verify_image_label(im_file, lb_file) -> ScanResult:
     """Scan one image and its label file and return the verdict (see docs/data.md for the rules)."""
     problem, shape, orientation = _check_image(im_file)
     if problem:
         return ScanResult(im_file, status="corrupt", messages=[f"{im_file}: {problem}; image skipped"])
-    labels, status, duplicate, messages = _parse_labels(lb_file, nc)
-    return ScanResult(im_file, labels, shape, orientation, status, duplicate, messages)
+    labels, lines, status, duplicate, messages = _parse_labels(lb_file)
+    return ScanResult(im_file, labels, lines, shape, orientation, status, duplicate, messages)
+
+
+def _class_problems(labels, lines, label_files, nc):
+    """Per image: a 'class id >= nc' warning naming file and line, or None -> list of (str or None)."""
+    problems = []
+    for lb, ln, lb_file in zip(labels, lines, label_files):
+        bad = np.flatnonzero(lb[:, 0] >= nc) if nc is not None else []
+        problems.append(f"{lb_file}:{ln[bad[0]]}: class id {int(lb[bad[0], 0])} is not below nc={nc} "
+                        f"(classes are 0..{nc - 1}); image skipped" if len(bad) else None)
+    return problems
 
 
 # ---------------------------------------------------------------- label cache (no pickle, atomic)
 
-def label_cache_key(im_files, label_files, nc) -> str:
+def label_cache_key(im_files, label_files) -> str:
     """SHA-256 over paths, sizes and modification times of every image and label, plus the scan rules."""
-    h = hashlib.sha256(f"{CACHE_VERSION}|{nc}|{LABEL_TOLERANCE}|{MIN_IMAGE_SIDE}".encode())
+    h = hashlib.sha256(f"{CACHE_VERSION}|{LABEL_TOLERANCE}|{MIN_IMAGE_SIDE}".encode())
     for p in (*im_files, *label_files):
         try:
             st = os.stat(p)
@@ -264,6 +280,7 @@ def _cache_arrays(key, results, counts) -> dict:
         im_files=np.array([r.im_file for r in usable], dtype=str),
         offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
         labels=np.concatenate([r.labels for r in usable] + [no_labels]).astype(np.float32),
+        lines=np.concatenate([r.lines for r in usable] + [np.zeros(0, np.int32)]).astype(np.int32),
         shapes=np.array([r.shape for r in usable], dtype=np.int64).reshape(-1, 2),
         orientations=np.array([r.orientation for r in usable], dtype=np.uint8),
         messages=np.array([m for r in results for m in r.messages], dtype=str),
@@ -295,17 +312,18 @@ def load_label_cache(path, key):
     consistent = (len(offsets) == n + 1 and offsets[0] == 0 and offsets[-1] == len(cache["labels"])
                   and bool(np.all(np.diff(offsets) >= 0)) and cache["shapes"].shape == (n, 2)
                   and len(cache["orientations"]) == n and cache["labels"].ndim == 2
-                  and cache["labels"].shape[1] == 5 and len(cache["counts"]) == 5)
+                  and cache["labels"].shape[1] == 5 and len(cache["lines"]) == len(cache["labels"])
+                  and len(cache["counts"]) == 5)
     return cache if consistent else None
 
 
-def _scan(im_files, label_files, nc, prefix):
+def _scan(im_files, label_files, prefix):
     """Scan every pair in a thread pool with a progress bar -> (results, counts)."""
     counts = dict(found=0, missing=0, empty=0, corrupt=0, duplicate=0)
     results = []
     desc = f"{prefix}Scanning {Path(label_files[0]).parent}"
     with ThreadPool(NUM_THREADS) as pool:
-        jobs = pool.imap(lambda a: verify_image_label(*a, nc), zip(im_files, label_files))
+        jobs = pool.imap(lambda a: verify_image_label(*a), zip(im_files, label_files))
         for r in tqdm(jobs, desc=desc, total=len(im_files), bar_format="{l_bar}{bar:10}{r_bar}", leave=False):
             counts[r.status] += 1
             counts["duplicate"] += int(r.duplicate)
@@ -388,34 +406,39 @@ class LoadImagesAndLabels(Dataset):
     # ---- labels
 
     def _load_labels(self, path, nc, prefix):
-        """Scan (or load the cache of) every image/label pair; keep the usable ones."""
+        """Scan (or load the cache of) every image/label pair; keep the usable ones (class ids below ``nc``)."""
         im_files = _collect_image_files(path, prefix)
         label_files = img2label_paths(im_files)
         cache_path = Path(label_files[0]).parent.with_suffix(".cache")
-        key = label_cache_key(im_files, label_files, nc)
+        key = label_cache_key(im_files, label_files)
         cache = load_label_cache(cache_path, key)
         if cache is None:
             if cache_path.exists():
                 LOGGER.info(f"{prefix}Label cache {cache_path} is stale or unreadable, rescanning")
-            cache = _cache_arrays(key, *_scan(im_files, label_files, nc, prefix))
+            cache = _cache_arrays(key, *_scan(im_files, label_files, prefix))
             save_label_cache(cache_path, cache, prefix)
-        for msg in cache["messages"]:
+        offsets = cache["offsets"]
+        labels = [cache["labels"][offsets[i]:offsets[i + 1]].copy() for i in range(len(offsets) - 1)]
+        lines = [cache["lines"][offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        usable_files = [str(f) for f in cache["im_files"]]
+        class_problems = _class_problems(labels, lines, img2label_paths(usable_files), nc)
+        for msg in [*cache["messages"], *filter(None, class_problems)]:
             LOGGER.warning(f"{prefix}WARNING {msg}")
+        keep = [i for i, problem in enumerate(class_problems) if problem is None]
         found, missing, empty, corrupt, duplicate = (int(c) for c in cache["counts"])
-        n_usable = len(cache["im_files"])
+        found, corrupt = found - (len(usable_files) - len(keep)), corrupt + (len(usable_files) - len(keep))
         summary = (f"{found} found, {missing} missing, {empty} empty, {corrupt} corrupt, {duplicate} duplicate "
-                   f"-> {n_usable} usable images")
+                   f"-> {len(keep)} usable images")
         LOGGER.info(f"{prefix}{cache_path.with_suffix('')}: {summary}")
-        if n_usable == 0:
+        if not keep:
             raise UserError(f"{prefix}{path}: no usable images ({summary}); fix the files named in the warnings "
                             f"(see docs/data.md)")
         self.cache_hash = key
-        self.im_files = [str(f) for f in cache["im_files"]]
+        self.im_files = [usable_files[i] for i in keep]
         self.label_files = img2label_paths(self.im_files)
-        offsets = cache["offsets"]
-        self.labels = [cache["labels"][offsets[i]:offsets[i + 1]].copy() for i in range(n_usable)]
-        self.shapes = cache["shapes"].astype(np.int64)
-        self.orientations = cache["orientations"].astype(int)
+        self.labels = [labels[i] for i in keep]
+        self.shapes = cache["shapes"][keep].astype(np.int64)
+        self.orientations = cache["orientations"][keep].astype(int)
 
     def _sort_for_rect(self, batch_size, img_size, stride, pad):
         """Order images by aspect ratio and give each batch the smallest stride-multiple shape (h, w)."""
@@ -792,7 +815,7 @@ def _rank_zero_first(rank):
 def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=None, augment=False, cache=False,
                       pad=0.0, rect=False, rank=-1, workers=8, image_weights=False, quad=False, prefix="",
                       shuffle=False, seed=0, nc=None):
-    """Build ``(loader, dataset)`` (YOLOv5's signature; ``nc`` enables the class-id check of the scan).
+    """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check).
 
     Batches: ``(imgs uint8 (bs, 3, h, w) RGB, targets (n, 6) [img_idx, cls, x, y, w, h], paths, shapes)``.
     """

@@ -169,7 +169,9 @@ def _gflops(model: nn.Module, imgsz) -> float | None:
         stride = max(int(model.stride.max()), 32) if hasattr(model, "stride") else 32
         im = torch.zeros((1, _input_channels(model), stride, stride), device=p.device, dtype=p.dtype)
         with torch.no_grad():
-            macs = thop.profile(deepcopy(model), inputs=(im,), verbose=False)[0]
+            # eval mode: a training-mode copy would draw from the global RNG (DropPath) and shift
+            # the random stream of the run that asked for the summary
+            macs = thop.profile(deepcopy(model).eval(), inputs=(im,), verbose=False)[0]
     except Exception as e:  # thop fails on unusual modules; the summary is still useful without FLOPs
         LOGGER.debug(f"model_info: FLOPs not computed ({type(e).__name__}: {e})")
         return None

@@ -1,0 +1,75 @@
+"""Shared measuring harness: time train.py's own training step on the embedded data set.
+
+The step is ``train.TrainLoop.train_step`` (forward, loss, scoped backward, optimizer step, EMA),
+fed by the real augmenting loader, so the figures include data loading.
+"""
+
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import train  # noqa: E402
+from models.yolo import Model  # noqa: E402
+from utils.data_config import check_dataset  # noqa: E402
+from utils.dataloaders import create_dataloader  # noqa: E402
+from utils.ddp import DistInfo  # noqa: E402
+from utils.files import yaml_load  # noqa: E402
+from utils.loss import ComputeLoss  # noqa: E402
+from utils.torch_utils import configure_determinism  # noqa: E402
+
+DATA = ROOT / "data" / "shapes.yaml"
+HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
+
+
+def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off", device="cpu"):
+    """A TrainLoop, its loss and a shuffled augmenting loader, as train.py builds them."""
+    device = torch.device(device)
+    policy = configure_determinism(mode, seed=0)
+    data = check_dataset(DATA)
+    hyp = yaml_load(HYP)
+    opt = train.parse_opt(["--cfg", str(cfg), "--imgsz", str(imgsz), "--batch-size", str(batch_size),
+                           "--workers", str(workers)])
+    model = Model(cfg, nc=data["nc"]).to(device)
+    model.names = data["names"]
+    loader, _ = create_dataloader(data["train"], imgsz, batch_size, max(int(model.stride.max()), 32), hyp=hyp,
+                                  augment=True, workers=workers, shuffle=True, seed=0, nc=data["nc"])
+    loop = train.TrainLoop(model, hyp, opt, device, DistInfo(), policy, False, batch_size, data["nc"], imgsz)
+    loop.n_warmup = 0
+    if mode != "off":
+        train.run_start_up_audit(policy, model, imgsz, device)
+    return loop, ComputeLoss(model), loader
+
+
+def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2, batches=10, device="cpu"):
+    """Median seconds per batch over ``batches`` steps after ``warmup`` steps (data loading included)."""
+    loop, compute_loss, loader = build_loop(cfg, imgsz, batch_size, workers, mode, device)
+    loop.model.train()
+    times, epoch = [], 0
+    nb = len(loader)
+    while len(times) < warmup + batches:
+        loader.set_epoch(epoch)
+        t = time.perf_counter()
+        for i, (imgs, targets, _, _) in enumerate(loader):
+            loop.train_step(imgs, targets, epoch, i, nb, compute_loss)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            times.append(now - t)
+            t = now
+            if len(times) >= warmup + batches:
+                break
+        epoch += 1
+    return statistics.median(times[warmup:])
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
