@@ -50,7 +50,7 @@ def make_dataset(root: Path, n=6, size=(80, 96), split="train"):
     labels.mkdir(parents=True)
     for i in range(n):
         cv2.imwrite(str(images / f"im{i}.jpg"), _noise(*size, seed=i))
-        rows = [f"{i % 3} 0.5 0.5 0.3 0.4"] + ([f"1 0.25 0.3 0.2 0.2"] if i % 2 else [])
+        rows = [f"{i % 3} 0.5 0.5 0.3 0.4"] + (["1 0.25 0.3 0.2 0.2"] if i % 2 else [])
         (labels / f"im{i}.txt").write_text("\n".join(rows) + "\n")
     return images
 
@@ -162,7 +162,7 @@ def test_missing_source_and_folder_without_images_are_user_errors(tmp_path):
 
 
 def test_img2label_paths_replaces_the_last_images_folder():
-    p = f"/data/images/set/images/train/a.b.jpg".replace("/", dl.os.sep)
+    p = "/data/images/set/images/train/a.b.jpg".replace("/", dl.os.sep)
     assert img2label_paths([p]) == ["/data/images/set/labels/train/a.b.txt".replace("/", dl.os.sep)]
 
 
