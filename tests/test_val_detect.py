@@ -21,13 +21,16 @@ NAMES = ["circle", "square", "triangle", "cross"]
 
 
 def _confident_model(cfg):
-    """Tiny 4-class model that always detects something: the coarsest level's objectness and class
-    biases are raised (only there, so NMS gets a few dozen candidates, not every anchor)."""
+    """Tiny 4-class model that always detects something: on the coarsest level only (so NMS gets a
+    few dozen candidates, not every anchor) objectness is raised, and anchor k favours class k."""
     torch.manual_seed(0)
     model = Model(cfg, nc=len(NAMES))
     detect_head = model.model[-1]
     with torch.no_grad():
-        detect_head.m[-1].bias.view(detect_head.na, -1)[:, 4:] += 6.0
+        bias = detect_head.m[-1].bias.view(detect_head.na, -1)
+        bias[:, 4] += 6.0
+        for k in range(detect_head.na):
+            bias[k, 5 + k] += 6.0
     return model.eval()
 
 
@@ -222,11 +225,18 @@ def test_detect_labels_without_conf_classes_filter_and_nosave(trained, tmp_path)
     _, weights = trained
     image = tmp_path / "one.jpg"
     cv2.imwrite(str(image), np.full((64, 64, 3), 128, np.uint8))
-    out = detect.run(str(weights), str(image), imgsz=(64,), device="cpu", save_txt=True, nosave=True,
-                     classes=[2], project=tmp_path, name="d", max_det=5)
-    lines = _check_yolo_lines([out / "labels" / "one.txt"], with_conf=False)
-    assert {parts[0] for parts in lines} == {"2"}
-    assert not (out / "one.jpg").exists()
+    model = attempt_load(weights)
+    everything = detect.run(None, str(image), imgsz=(64,), model=model, save_txt=True, nosave=True,
+                            project=tmp_path, name="all", max_det=50)
+    lines = _check_yolo_lines([everything / "labels" / "one.txt"], with_conf=False)
+    assert not (everything / "one.jpg").exists()
+    found = sorted({int(parts[0]) for parts in lines})
+    assert len(found) > 1, "the filter check below needs several classes"
+    kept = found[-1]
+    filtered = detect.run(None, str(image), imgsz=(64,), model=model, save_txt=True, nosave=True,
+                          classes=[kept], project=tmp_path, name="one_class", max_det=50)
+    lines = _check_yolo_lines([filtered / "labels" / "one.txt"], with_conf=False)
+    assert {int(parts[0]) for parts in lines} == {kept}
 
 
 @pytest.mark.parametrize("args, message", [
