@@ -276,7 +276,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
 
     loop = TrainLoop(model, hyp, opt, device, dist, policy, amp, batch_size, nc, imgsz)
     audit = run_start_up_audit(policy, model, imgsz, device)
-    results_log = ResultsLog(save_dir / "results.csv")
+    results_log = ResultsLog(save_dir / "results.csv", tensorboard=main_process and not opt.evolve)
     if resume_ckpt is not None:
         loop.restore(resume_ckpt)
         results_log.truncate(loop.start_epoch)

@@ -50,3 +50,18 @@ def restore_global_determinism():
     yield
     torch.use_deterministic_algorithms(state[0], warn_only=state[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = state[2], state[3]
+
+
+@pytest.fixture
+def log_text():
+    """Collects what the project logger writes during the test; call it to read the text so far."""
+    import io
+    import logging
+
+    from utils.logging import LOGGER
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    LOGGER.addHandler(handler)
+    yield stream.getvalue
+    LOGGER.removeHandler(handler)

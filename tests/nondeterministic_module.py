@@ -27,9 +27,12 @@ class _PutGradient(torch.autograd.Function):
 
 
 class PutGradient(nn.Module):
-    """``(B, C, H, W) -> (B, C, H, W)`` identity whose backward needs ``put_``."""
+    """``(B, C, H, W) -> (B, C, H, W)`` identity whose backward needs ``put_``.
 
-    def __init__(self, c1: int):
+    ``c1`` (input channels) is accepted so that model YAMLs can use the block.
+    """
+
+    def __init__(self, c1: int = 0):
         super().__init__()
         self.channels = c1
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tests.nondeterministic_module import PutGradient as PutBlock
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.torch_utils import (EXEMPT_DOC_NAMES, MODES, NONDETERMINISTIC_OPS, AuditReport, Finding, audit_model,
@@ -42,26 +43,6 @@ def restore_determinism_state(monkeypatch):
 
 def flags() -> tuple[bool, bool]:
     return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-
-class _PutBackward(torch.autograd.Function):
-    """Identity forward whose backward writes the gradient with ``put_(accumulate=False)``."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        index = torch.arange(grad.numel())
-        return torch.zeros_like(grad).put_(index, grad.flatten(), accumulate=False)
-
-
-class PutBlock(nn.Module):
-    """``(B, C, H, W) -> (B, C, H, W)`` identity that needs ``put_`` in backward."""
-
-    def forward(self, x):
-        return _PutBackward.apply(x)
 
 
 class MaxPoolFirst(nn.Module):
@@ -274,12 +255,12 @@ def test_audit_finds_ops_with_phase_and_innermost_module():
     report = audit_model(TinyNet(), imgsz=16)
     found = {(f.op, f.phase, f.module): f.devices for f in report.findings}
     assert found == {("adaptive_max_pool2d_backward", "backward", "block (MaxPoolFirst)"): ("cuda",),
-                     ("put_", "backward", "block.inner (PutBlock)"): ("cpu", "cuda")}
+                     ("put_", "backward", "block.inner (PutGradient)"): ("cpu", "cuda")}
     assert not report.clean
     assert [(f["op"], f["phase"]) for f in report.torch_flagged] == [("put_", "backward")]
     assert report.op_counts["forward"] > 0 and report.op_counts["backward"] > 0
     text = report.format()
-    assert "block.inner (PutBlock)" in text and "adaptive_max_pool2d_backward" in text
+    assert "block.inner (PutGradient)" in text and "adaptive_max_pool2d_backward" in text
 
 
 def test_audit_reports_forward_ops():

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from tests.nondeterministic_module import PutGradient as PutBlock
 from utils.errors import UserError
 from utils.torch_utils import audit_model, configure_determinism, get_rng_state, set_rng_state, temporary_determinism
 
@@ -33,22 +34,6 @@ def restore_determinism_state(monkeypatch):
 
 def flags() -> tuple[bool, bool]:
     return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-
-class _PutBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        index = torch.arange(grad.numel(), device=grad.device)
-        return torch.zeros_like(grad).put_(index, grad.flatten(), accumulate=False)
-
-
-class PutBlock(nn.Module):
-    def forward(self, x):
-        return _PutBackward.apply(x)
 
 
 class MaxPoolAttention(nn.Module):

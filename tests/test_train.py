@@ -1,6 +1,7 @@
 """train.py end to end on a tiny model and a tiny generated data set (CPU, 64 px)."""
 
 import csv
+import re
 import os
 import signal
 import subprocess
@@ -81,10 +82,11 @@ def test_resume_of_finished_run_says_nothing_to_resume(finished_run):
 
 
 def test_transfer_reports_matched_layers_and_freeze_keeps_weights(finished_run, shapes_data, tiny_cfg, tmp_path,
-                                                                  caplog):
+                                                                  log_text):
     source = finished_run / "weights" / "last.pt"
     run_dir = train_run(tmp_path, shapes_data, tiny_cfg, weights=str(source), epochs=1, freeze=[2],
                         save_period=1, noplots=True)
+    assert re.search(r"Transferred \d+/\d+ items from " + re.escape(str(source)), log_text())
     start = load_checkpoint(source)["model"]
     trained = load_checkpoint(run_dir / "weights" / "epoch0.pt")["model"]
     frozen = [k for k in trained if k.startswith(("model.0.", "model.1.")) and k.endswith("weight")]
@@ -184,3 +186,40 @@ def test_sigterm_mid_epoch_saves_loadable_checkpoint_and_resume_finishes(shapes_
                              text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert [r["epoch"] for r in results_rows(tmp_path / "exp")] == ["0", "1"]
+
+
+def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run, tmp_path, log_text):
+    copy = tmp_path / "copy"
+    (copy / "weights").mkdir(parents=True)
+    (copy / "weights" / "last.pt").write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
+    opt, ckpt = train.resume_options(train.parse_opt(["--resume", str(copy / "weights" / "last.pt"),
+                                                      "--epochs", "9"]),
+                                     argv=["--resume", str(copy / "weights" / "last.pt"), "--epochs", "9"])
+    assert opt.epochs == 2 and ckpt["next_position"] == [1, 0]
+    assert "--epochs 9 conflicts with the checkpoint's 2; the checkpoint's value is used" in log_text()
+
+
+def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, log_text):
+    from utils import run_state
+
+    saver = run_state.CheckpointSaver(tmp_path / "last.pt", tmp_path / "best.pt", tmp_path)
+    state = {"model_cfg": {}, "model": {"w": torch.ones(2)}}
+    assert saver.save_last(state)
+    before = (tmp_path / "last.pt").read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_state, "save_checkpoint", disk_full)
+    assert not saver.save_last({"model_cfg": {}, "model": {"w": torch.zeros(2)}})
+    assert "No space left on device" in log_text() and "previous last.pt is intact" in log_text()
+    assert (tmp_path / "last.pt").read_bytes() == before
+
+
+def test_evolve_runs_generations_and_writes_results(shapes_data, tiny_cfg, tmp_path):
+    train.run(cfg=str(tiny_cfg), data=str(shapes_data), imgsz=64, batch_size=8, epochs=1, workers=0,
+              device="cpu", evolve=2, project=str(tmp_path), name="evo", exist_ok=True)
+    evolve_dir = tmp_path / "evo"
+    rows = (evolve_dir / "evolve.csv").read_text().strip().splitlines()
+    assert len(rows) == 3  # header + 2 generations
+    assert (evolve_dir / "hyp_evolve.yaml").is_file() and (evolve_dir / "evolve.png").is_file()

@@ -1,8 +1,9 @@
-"""results.csv: one row per epoch with YOLOv5's column names, appended as training goes."""
+"""results.csv (one row per epoch, YOLOv5's column names) and, when installed, TensorBoard scalars."""
 
 from pathlib import Path
 
 from utils.files import atomic_write_bytes
+from utils.logging import LOGGER, colorstr
 
 COLUMNS = (
     "epoch", "train/box_loss", "train/obj_loss", "train/cls_loss",
@@ -11,11 +12,22 @@ COLUMNS = (
 )
 
 
-class ResultsLog:
-    """Append-only CSV of per-epoch results (plain CSV, full float precision)."""
+def tensorboard_writer(log_dir):
+    """A SummaryWriter for ``log_dir`` if the optional ``tensorboard`` package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional; results.csv has the same figures
+        return None
+    LOGGER.info(f"{colorstr('TensorBoard: ')}start with 'tensorboard --logdir {Path(log_dir).parent}'")
+    return SummaryWriter(str(log_dir))
 
-    def __init__(self, path):
+
+class ResultsLog:
+    """Append-only CSV of per-epoch results (plain CSV, full float precision), mirrored to TensorBoard."""
+
+    def __init__(self, path, tensorboard=False):
         self.path = Path(path)
+        self.writer = tensorboard_writer(self.path.parent) if tensorboard else None
 
     def append(self, epoch: int, values) -> None:
         """Write the row for ``epoch``; ``values`` follow COLUMNS[1:]."""
@@ -27,6 +39,10 @@ class ResultsLog:
             if new_file:
                 f.write(",".join(COLUMNS) + "\n")
             f.write(",".join([str(epoch), *(f"{v:.8g}" for v in values)]) + "\n")
+        if self.writer:
+            for name, value in zip(COLUMNS[1:], values):
+                self.writer.add_scalar(name, value, epoch)
+            self.writer.flush()
 
     def truncate(self, start_epoch: int) -> None:
         """Drop rows of epochs >= ``start_epoch`` (a resumed run rewrites them)."""
