@@ -58,6 +58,7 @@ from utils.torch_utils import (EarlyStopping, ModelEMA, audit_model, configure_d
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
 DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
+DEFAULT_PROJECT = ROOT / "runs" / "train"
 DETERMINISM_MODES = ("off", "warn", "scoped", "strict")
 
 
@@ -90,7 +91,7 @@ def build_parser(**parser_kwargs) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW"], default="SGD", help="optimizer")
     p.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
     p.add_argument("--workers", type=int, default=8, help="max dataloader workers (per rank in DDP mode)")
-    p.add_argument("--project", default=str(ROOT / "runs" / "train"), help="save to project/name")
+    p.add_argument("--project", default=str(DEFAULT_PROJECT), help="save to project/name")
     p.add_argument("--name", default="exp", help="save to project/name")
     p.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
     p.add_argument("--quad", action="store_true", help="quad dataloader")
@@ -135,8 +136,9 @@ def resolve_options(opt, argv=None):
         raise UserError(f"--batch-size {opt.batch_size}: must be positive, or -1 for AutoBatch")
     if opt.cache not in (None, "ram", "disk"):
         raise UserError(f"--cache {opt.cache}: use 'ram' or 'disk'")
-    parent = "evolve" if opt.evolve else None
-    project = Path(opt.project).parent / parent if parent and opt.project == str(ROOT / "runs" / "train") else Path(opt.project)
+    project = Path(opt.project)
+    if opt.evolve and project == DEFAULT_PROJECT:
+        project = ROOT / "runs" / "evolve"  # YOLOv5's folder for evolution runs
     opt.save_dir = str(increment_path(project / opt.name, exist_ok=opt.exist_ok))
     return opt, None
 
