@@ -388,13 +388,12 @@ class TrainLoop:
         compute_loss = ComputeLoss(de_parallel(self.model))
         nb = len(train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
-        results = (0, 0, 0, 0, 0, 0, 0)
-        LOGGER.info(f"Image sizes {self.imgsz} train, {self.imgsz} val\n"
-                    f"Using {train_loader.num_workers} dataloader workers\n"
-                    f"Logging results to {colorstr('bold', save_dir)}\nStarting training for {opt.epochs} epochs...")
-        t0 = time.time()
-        epoch = self.start_epoch
+        results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
         with GracefulInterrupt() as interrupt:
+            LOGGER.info(f"Image sizes {self.imgsz} train, {self.imgsz} val\n"
+                        f"Using {train_loader.num_workers} dataloader workers\n"
+                        f"Logging results to {colorstr('bold', save_dir)}\n"
+                        f"Starting training for {opt.epochs} epochs...")
             for epoch in range(self.start_epoch, opt.epochs):
                 first_batch = self.start_batch if epoch == self.start_epoch else 0
                 finished = self.train_epoch(train_loader, epoch, first_batch, nb, compute_loss, interrupt, saver,
