@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.yolo import Model
 from utils.checkpoints import load_checkpoint
 from utils.errors import UserError
 
@@ -21,11 +22,6 @@ class Ensemble(nn.ModuleList):
         """``x`` (bs, 3, h, w) float -> ``(pred (bs, N1 + N2 + ..., no), None)``."""
         preds = [tta_forward(m, x)[0] if augment else m(x)[0] for m in self]
         return torch.cat(preds, 1), None
-
-
-def _model_class():
-    from models.yolo import Model  # deferred: the model registry imports the block modules
-    return Model
 
 
 def _float_state_dict(state, path):
@@ -58,7 +54,7 @@ def load_one(path, fuse=True):
     if not isinstance(cfg, dict):
         raise UserError(f"{path}: checkpoint key 'model_cfg' should be the model YAML dict, got {type(cfg).__name__}")
     try:
-        model = _model_class()(cfg, nc=ckpt.get("nc"))
+        model = Model(cfg, nc=ckpt.get("nc"))
     except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
         raise UserError(f"{path}: cannot build the model stored in the checkpoint ({type(e).__name__}: {e})") from None
     state = _float_state_dict(ckpt.get("ema") or ckpt["model"], path)
