@@ -13,7 +13,6 @@ import os
 import sys
 import time
 from copy import deepcopy
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +52,7 @@ from utils.run_state import (CheckpointSaver, float_state, plain_opt, restore_tr
                              strip_optimizer, training_state)
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.torch_utils import (EarlyStopping, ModelEMA, audit_model, configure_determinism, de_parallel,  # noqa: E402
-                               get_rng_state, intersect_dicts, select_device, set_rng_state, smart_optimizer)
+                               intersect_dicts, select_device, set_rng_state, smart_optimizer)
 
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"

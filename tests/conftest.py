@@ -53,15 +53,15 @@ def restore_global_determinism():
 
 
 @pytest.fixture
-def log_text():
-    """Collects what the project logger writes during the test; call it to read the text so far."""
-    import io
+def log_lines():
+    """Messages the project logger emits during the test (it does not propagate to pytest's caplog)."""
     import logging
 
     from utils.logging import LOGGER
 
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
     LOGGER.addHandler(handler)
-    yield stream.getvalue
+    yield lines
     LOGGER.removeHandler(handler)

@@ -1,8 +1,10 @@
-"""A model block whose backward calls ``Tensor.put_(..., accumulate=False)``.
+"""Model blocks with non-deterministic ops, and tiny model YAMLs that use them.
 
-That op has no deterministic implementation on any device, so under
-``torch.use_deterministic_algorithms(True)`` it raises even on a CPU: the tests use it to
-reproduce, on a laptop, what ``adaptive_max_pool2d_backward_cuda`` does on a GPU server.
+``PutGradient``'s backward calls ``Tensor.put_(..., accumulate=False)``, which has no
+deterministic implementation on any device: under ``torch.use_deterministic_algorithms(True)``
+it raises even on a CPU, so the tests reproduce on a laptop what ``adaptive_max_pool2d_backward_cuda``
+does on a GPU server. ``MaxPoolAttention`` is the CBAM / upstream-SCAM pattern itself
+(``nn.AdaptiveMaxPool2d``), non-deterministic in its CUDA backward only.
 """
 
 from pathlib import Path
@@ -40,25 +42,43 @@ class PutGradient(nn.Module):
         return _PutGradient.apply(x)
 
 
-register_module(PutGradient, style="same", override=True)
+class MaxPoolAttention(nn.Module):
+    """CBAM-style channel attention on ``nn.AdaptiveMaxPool2d``; ``(B, C, H, W) -> (B, C, H, W)``."""
 
-PUT_MODEL_YAML = """nc: 4
+    def __init__(self, c1: int):
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool2d(1)
+        self.fc = nn.Conv2d(c1, c1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.fc(self.pool(x)))
+
+
+for _block in (PutGradient, MaxPoolAttention):
+    register_module(_block, style="same", override=True)
+
+MODEL_YAML = """nc: {nc}
 depth_multiple: 1.0
 width_multiple: 1.0
 anchors: 3
 backbone:
   [[-1, 1, Conv, [8, 3, 2]],
-   [-1, 1, Conv, [16, 3, 2]],
-   [-1, 1, PutGradient, []],
-   [-1, 1, Conv, [16, 3, 2]],
-   [-1, 1, Conv, [16, 3, 2]]]
+   [-1, 1, Conv, [{width}, 3, 2]],
+   [-1, 1, {block}, []],
+   [-1, 1, Conv, [{width}, 3, 2]],
+   [-1, 1, Conv, [{width}, 3, 2]]]
 head:
   [[[2, 3, 4], 1, Detect, [nc, anchors]]]
 """
 
 
-def write_put_model_yaml(folder: Path) -> Path:
-    """Write the model YAML using PutGradient (layer 2) and return its path."""
-    path = Path(folder) / "put-model.yaml"
-    path.write_text(PUT_MODEL_YAML)
+def write_model_yaml(folder: Path, block: str, nc: int = 4, width: int = 16) -> Path:
+    """Write a 5-layer model YAML with ``block`` as layer 2 (``model.2``) and return its path."""
+    path = Path(folder) / f"{block.lower()}-model.yaml"
+    path.write_text(MODEL_YAML.format(nc=nc, width=width, block=block))
     return path
+
+
+def write_put_model_yaml(folder: Path) -> Path:
+    """The model YAML with PutGradient as layer 2."""
+    return write_model_yaml(folder, "PutGradient")

@@ -1,6 +1,5 @@
 """AutoBatch: the line fit that picks the batch size, and the CPU fallback."""
 
-import logging
 
 import numpy as np
 import pytest
@@ -8,18 +7,6 @@ import torch
 from torch import nn
 
 from utils.autobatch import PROFILE_BATCH_SIZES, check_train_batch_size, fit_batch_size
-from utils.logging import LOGGER
-
-
-@pytest.fixture
-def log_messages():
-    """Messages the project logger emits during the test."""
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    LOGGER.addHandler(handler)
-    yield messages
-    LOGGER.removeHandler(handler)
 
 
 def linear_memory(slope, intercept, sizes=PROFILE_BATCH_SIZES):
@@ -56,11 +43,11 @@ def test_fit_falls_back_to_default_when_unusable():
     assert fit_batch_size(PROFILE_BATCH_SIZES, linear_memory(1.0, 5.0), budget_gib=2.0, default=7) == (7, None)
 
 
-def test_cpu_model_gets_default_with_message(log_messages):
+def test_cpu_model_gets_default_with_message(log_lines):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert check_train_batch_size(model, imgsz=64, default=12) == 12
-    assert any("CUDA" in m and "12" in m for m in log_messages)
+    assert any("CUDA" in m and "12" in m for m in log_lines)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

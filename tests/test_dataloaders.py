@@ -1,6 +1,5 @@
 """Data sets and loaders: per-file verdicts, label cache, image formats, determinism, sharding, sources."""
 
-import logging
 import random
 from pathlib import Path
 
@@ -22,21 +21,9 @@ from utils.dataloaders import (
     read_image,
 )
 from utils.errors import UserError
-from utils.logging import LOGGER
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
-
-
-@pytest.fixture
-def log_lines():
-    """Messages LOGGER emits during the test (it does not propagate to pytest's caplog)."""
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    LOGGER.addHandler(handler)
-    yield lines
-    LOGGER.removeHandler(handler)
 
 
 def _noise(h, w, seed=0):
@@ -136,7 +123,7 @@ def test_bad_image_is_skipped_and_good_ones_load(tmp_path, log_lines, name, make
 
 
 def test_listed_image_that_does_not_exist_is_reported(tmp_path, log_lines):
-    images = make_dataset(tmp_path, n=2)
+    make_dataset(tmp_path, n=2)
     listing = tmp_path / "train.txt"
     listing.write_text("images/train/im0.jpg\nimages/train/im1.jpg\nimages/train/gone.jpg\n")
     ds = LoadImagesAndLabels(str(listing), img_size=64)

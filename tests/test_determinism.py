@@ -369,41 +369,11 @@ def test_yolo_model_with_put_block_names_layer(tmp_path):
     assert [(f.op, f.phase, f.module) for f in report.findings] == [("put_", "backward", "model.2 (PutGradient)")]
 
 
-class MaxPoolAttention(nn.Module):
-    """CBAM-style channel attention built on ``nn.AdaptiveMaxPool2d`` (``(B, C, H, W)`` in and out)."""
-
-    def __init__(self, c1: int):
-        super().__init__()
-        self.pool = nn.AdaptiveMaxPool2d(1)
-        self.fc = nn.Conv2d(c1, c1, 1)
-
-    def forward(self, x):
-        return x * torch.sigmoid(self.fc(self.pool(x)))
-
-
-MAXPOOL_YAML = """nc: 2
-depth_multiple: 1.0
-width_multiple: 1.0
-anchors: 3
-backbone:
-  [[-1, 1, Conv, [8, 3, 2]],
-   [-1, 1, Conv, [8, 3, 2]],
-   [-1, 1, MaxPoolAttention, []],
-   [-1, 1, Conv, [8, 3, 2]],
-   [-1, 1, Conv, [8, 3, 2]]]
-head:
-  [[[2, 3, 4], 1, Detect, [nc, anchors]]]
-"""
-
-
 @pytest.fixture
 def maxpool_yaml(tmp_path) -> Path:
-    from models.yolo import register_module
+    from tests.nondeterministic_module import write_model_yaml
 
-    register_module(MaxPoolAttention, style="same", override=True)
-    path = tmp_path / "maxpool-attention.yaml"
-    path.write_text(MAXPOOL_YAML)
-    return path
+    return write_model_yaml(tmp_path, "MaxPoolAttention", nc=2, width=8)
 
 
 def test_command_reports_adaptive_max_pool_with_module_path(maxpool_yaml, capsys):

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.nondeterministic_module import PutGradient as PutBlock
+from tests.nondeterministic_module import MaxPoolAttention, PutGradient as PutBlock
 from utils.errors import UserError
 from utils.torch_utils import audit_model, configure_determinism, get_rng_state, set_rng_state, temporary_determinism
 
@@ -34,18 +34,6 @@ def restore_determinism_state(monkeypatch):
 
 def flags() -> tuple[bool, bool]:
     return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-
-class MaxPoolAttention(nn.Module):
-    """Channel attention on ``nn.AdaptiveMaxPool2d`` (FFCA-YOLO's original SCAM and CBAM use it)."""
-
-    def __init__(self, c: int):
-        super().__init__()
-        self.pool = nn.AdaptiveMaxPool2d(1)
-        self.fc = nn.Conv2d(c, c, 1)
-
-    def forward(self, x):
-        return x * torch.sigmoid(self.fc(self.pool(x)))
 
 
 def net(block: nn.Module) -> nn.Sequential:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -82,11 +81,11 @@ def test_resume_of_finished_run_says_nothing_to_resume(finished_run):
 
 
 def test_transfer_reports_matched_layers_and_freeze_keeps_weights(finished_run, shapes_data, tiny_cfg, tmp_path,
-                                                                  log_text):
+                                                                  log_lines):
     source = finished_run / "weights" / "last.pt"
     run_dir = train_run(tmp_path, shapes_data, tiny_cfg, weights=str(source), epochs=1, freeze=[2],
                         save_period=1, noplots=True)
-    assert re.search(r"Transferred \d+/\d+ items from " + re.escape(str(source)), log_text())
+    assert re.search(r"Transferred \d+/\d+ items from " + re.escape(str(source)), "\n".join(log_lines))
     start = load_checkpoint(source)["model"]
     trained = load_checkpoint(run_dir / "weights" / "epoch0.pt")["model"]
     frozen = [k for k in trained if k.startswith(("model.0.", "model.1.")) and k.endswith("weight")]
@@ -158,10 +157,10 @@ def test_corrupt_resume_checkpoint_gives_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_path, log_text):
+def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_path, log_lines):
     run_dir = train_run(tmp_path, shapes_data, tiny_cfg, imgsz=70, epochs=1, noplots=True)
-    assert "WARNING --imgsz 70 must be a multiple of max stride 32, updating to 96" in log_text()
-    assert "Image sizes 96 train, 96 val" in log_text()
+    assert "WARNING --imgsz 70 must be a multiple of max stride 32, updating to 96" in "\n".join(log_lines)
+    assert "Image sizes 96 train, 96 val" in "\n".join(log_lines)
     assert len(results_rows(run_dir)) == 1
 
 
@@ -189,7 +188,7 @@ def test_sigterm_mid_epoch_saves_loadable_checkpoint_and_resume_finishes(shapes_
     assert [r["epoch"] for r in results_rows(tmp_path / "exp")] == ["0", "1", "2"]
 
 
-def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run, tmp_path, log_text):
+def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run, tmp_path, log_lines):
     copy = tmp_path / "copy"
     (copy / "weights").mkdir(parents=True)
     (copy / "weights" / "last.pt").write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
@@ -197,10 +196,10 @@ def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run
                                                       "--epochs", "9"]),
                                      argv=["--resume", str(copy / "weights" / "last.pt"), "--epochs", "9"])
     assert opt.epochs == 2 and ckpt["next_position"] == [1, 0]
-    assert "--epochs 9 conflicts with the checkpoint's 2; the checkpoint's value is used" in log_text()
+    assert "--epochs 9 conflicts with the checkpoint's 2; the checkpoint's value is used" in "\n".join(log_lines)
 
 
-def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, log_text):
+def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, log_lines):
     from utils import run_state
 
     saver = run_state.CheckpointSaver(tmp_path / "last.pt", tmp_path / "best.pt", tmp_path)
@@ -213,7 +212,7 @@ def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(run_state, "save_checkpoint", disk_full)
     assert not saver.save_last({"model_cfg": {}, "model": {"w": torch.zeros(2)}})
-    assert "No space left on device" in log_text() and "previous last.pt is intact" in log_text()
+    assert "No space left on device" in "\n".join(log_lines) and "previous last.pt is intact" in "\n".join(log_lines)
     assert (tmp_path / "last.pt").read_bytes() == before
 
 
