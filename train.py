@@ -543,13 +543,15 @@ def evolve(hyp: dict, opt, device, dist: DistInfo):
     evolve_csv = save_dir / "evolve.csv"
     opt.noval, opt.nosave, opt.noplots = True, True, True
     base = deepcopy(hyp)
-    for generation in range(opt.evolve):
+    done_before = len(evo.read_evolve_csv(evolve_csv)[1])  # a continued search numbers on
+    for generation in range(done_before, done_before + opt.evolve):
         trial = evo.mutate_hyp(base, evolve_csv, evo.generation_rng(opt.seed, evolve_csv))
         trial_opt = deepcopy(opt)
         trial_opt.save_dir = str(save_dir / f"gen{generation}")
         results = train(deepcopy(trial), trial_opt, device, dist)
         evo.append_evolve_row(evolve_csv, evo.RESULT_KEYS, results, trial)
-        LOGGER.info(f"Generation {generation + 1}/{opt.evolve} done: {results}")
+        LOGGER.info(f"Generation {generation + 1} ({generation - done_before + 1}/{opt.evolve} of this run) "
+                    f"done: {results}")
     evo.best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
     evo.plot_evolve(evolve_csv)
     LOGGER.info(f"Hyperparameter evolution finished; best hyperparameters in {save_dir / 'hyp_evolve.yaml'}")

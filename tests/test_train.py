@@ -223,3 +223,7 @@ def test_evolve_runs_generations_and_writes_results(shapes_data, tiny_cfg, tmp_p
     rows = (evolve_dir / "evolve.csv").read_text().strip().splitlines()
     assert len(rows) == 3  # header + 2 generations
     assert (evolve_dir / "hyp_evolve.yaml").is_file() and (evolve_dir / "evolve.png").is_file()
+    train.run(cfg=str(tiny_cfg), data=str(shapes_data), imgsz=64, batch_size=8, epochs=1, workers=0,
+              device="cpu", evolve=1, project=str(tmp_path), name="evo", exist_ok=True)
+    assert len((evolve_dir / "evolve.csv").read_text().strip().splitlines()) == 4  # continued, not restarted
+    assert sorted(p.name for p in evolve_dir.glob("gen*")) == ["gen0", "gen1", "gen2"]
