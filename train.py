@@ -131,6 +131,8 @@ def resolve_options(opt, argv=None):
             raise UserError(f"--{flag} {value}: file not found")
     if opt.epochs < 1:
         raise UserError(f"--epochs {opt.epochs}: must be at least 1")
+    if opt.patience < 0:
+        raise UserError(f"--patience {opt.patience}: must be 0 or more epochs")
     if opt.batch_size == 0 or opt.batch_size < -1:
         raise UserError(f"--batch-size {opt.batch_size}: must be positive, or -1 for AutoBatch")
     if opt.cache not in (None, "ram", "disk"):
@@ -179,7 +181,7 @@ def resume_options(opt, argv=None):
 
 def load_hyp(opt) -> dict:
     hyp = yaml_load(opt.hyp) if isinstance(opt.hyp, (str, Path)) else dict(opt.hyp)
-    hyp.setdefault("label_smoothing", opt.label_smoothing)
+    hyp["label_smoothing"] = opt.label_smoothing  # the flag wins, as in YOLOv5
     return hyp
 
 
@@ -268,8 +270,12 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     amp = check_amp(model)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
-    batch_size = check_train_batch_size(model, imgsz, amp) if opt.batch_size == -1 else opt.batch_size
+    if opt.batch_size == -1:
+        opt.batch_size = check_train_batch_size(model, imgsz, amp)  # recorded, so a resume keeps it
+    batch_size = opt.batch_size
     per_rank_batch = check_ddp_batch(batch_size, dist.world_size) if dist.enabled else batch_size
+    if opt.quad and per_rank_batch % 4:
+        raise UserError(f"--quad needs a per-device batch size divisible by 4, got {per_rank_batch}")
 
     train_loader, dataset, val_loader = build_loaders(data_dict, imgsz, per_rank_batch, grid_size, hyp, opt, dist)
     if resume_ckpt is None:
@@ -361,15 +367,17 @@ class TrainLoop:
         (self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step,
          self.mloss) = restore_training_state(
             ckpt, model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler,
-            scaler=self.scaler, stopper=self.stopper, device=self.device)
+            scaler=self.scaler, stopper=self.stopper, device=self.device, world_size=self.dist.world_size)
 
     def wrap_ddp(self) -> None:
         if not self.dist.enabled:
             return
-        if self.opt.sync_bn:
+        cuda = self.device.type == "cuda"
+        if self.opt.sync_bn and not cuda:
+            LOGGER.warning("WARNING --sync-bn needs CUDA devices (SyncBatchNorm has no CPU kernel); ignored")
+        elif self.opt.sync_bn:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model).to(self.device)
             LOGGER.info("Using SyncBatchNorm()")
-        cuda = self.device.type == "cuda"
         self.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
                          output_device=self.dist.local_rank if cuda else None)
 
@@ -377,7 +385,8 @@ class TrainLoop:
         return training_state(
             model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
             stopper=self.stopper, position=position, best_fitness=self.best_fitness,
-            last_opt_step=self.last_opt_step, mloss=self.mloss, opt=self.opt, hyp=self.hyp_for_checkpoint)
+            last_opt_step=self.last_opt_step, mloss=self.mloss, opt=self.opt, hyp=self.hyp_for_checkpoint,
+            world_size=self.dist.world_size)
 
     def run(self, train_loader, val_loader, data_dict, names, batch_size, save_dir, results_log, plots):
         """All epochs; returns (last validation results, last epoch index)."""
@@ -420,6 +429,7 @@ class TrainLoop:
         self.model.train()
         if first_batch == 0:
             self.mloss = torch.zeros(3, device=device)
+            self.optimizer.zero_grad()  # YOLOv5 drops an epoch's unfinished accumulation
         loader.set_epoch(epoch, start_batch=first_batch)
         if main:
             LOGGER.info(("\n" + "%11s" * 7) % ("Epoch", "GPU_mem", "box_loss", "obj_loss", "cls_loss",
@@ -567,8 +577,7 @@ def main(opt, argv=None):
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     device = select_device(opt.device, batch_size=opt.batch_size)
     if dist.enabled:
-        if opt.batch_size != -1:
-            check_ddp_batch(opt.batch_size, dist.world_size)
+        check_ddp_batch(opt.batch_size, dist.world_size)
         device = torch.device("cuda", dist.local_rank) if device.type == "cuda" else torch.device("cpu")
         init_process_group(dist, device)
     try:

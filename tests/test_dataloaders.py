@@ -372,6 +372,13 @@ def test_quad_collate_makes_double_size_images(tmp_path):
     assert ((targets[:, 2:] >= 0) & (targets[:, 2:] <= 1)).all() and set(targets[:, 0].tolist()) <= {0.0, 1.0}
 
 
+def test_quad_collate_short_last_batch_upscales_instead_of_crashing(tmp_path):
+    images = make_dataset(tmp_path, n=10)
+    loader, _ = create_dataloader(str(images), 64, 8, 32, quad=True, workers=0)
+    shapes = [imgs.shape for imgs, *_ in loader]
+    assert shapes == [(2, 3, 128, 128), (1, 3, 128, 128)]  # 8 images -> 2 groups, the last 2 -> 1 upscaled
+
+
 # ---------------------------------------------------------------- determinism, resume, shards
 
 def _epochs(loader, epochs):

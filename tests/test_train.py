@@ -131,6 +131,8 @@ def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(s
     (["--epochs", "0"], "--epochs 0"),
     (["--batch-size", "-3"], "--batch-size -3"),
     (["--hyp", "nope.yaml"], "--hyp nope.yaml: file not found"),
+    (["--patience", "-1"], "--patience -1"),
+    (["--quad", "--batch-size", "6"], "--quad needs a per-device batch size divisible by 4, got 6"),
 ])
 def test_bad_flags_raise_a_user_error_naming_the_flag(flags, message, tiny_cfg, shapes_data, tmp_path):
     opt = train.parse_opt(["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--project", str(tmp_path),

@@ -659,14 +659,14 @@ class LoadImagesAndLabels(Dataset):
         """Quad collate: each group of 4 samples becomes one 2x image, either sample 0 upscaled or a 2x2 tile."""
         im, label, path, shapes = zip(*batch)
         draws = getattr(batch, "quad_draws", None) or np.random.default_rng(0).random(len(im)).tolist()
-        n = len(shapes) // 4
+        n = -(-len(shapes) // 4)  # a short last batch still gives a (smaller) group
         im4, label4 = [], []
         y_off = torch.tensor([[0.0, 0, 0, 1, 0, 0]])
         x_off = torch.tensor([[0.0, 0, 1, 0, 0, 0]])
         half = torch.tensor([[1, 1, 0.5, 0.5, 0.5, 0.5]])
         for g in range(n):
             i = g * 4
-            if draws[i] < 0.5:
+            if draws[i] < 0.5 or i + 4 > len(im):  # too few samples left to tile: upscale the first
                 up = F.interpolate(im[i].unsqueeze(0).float(), scale_factor=2.0, mode="bilinear", align_corners=False)
                 im4.append(up[0].round().clamp_(0, 255).to(im[i].dtype))
                 label4.append(label[i])

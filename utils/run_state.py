@@ -15,6 +15,7 @@ import torch
 import torchvision
 
 from utils.checkpoints import load_checkpoint, save_checkpoint, to_plain
+from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.torch_utils import de_parallel, get_rng_state
 
@@ -35,7 +36,7 @@ def plain_opt(opt) -> dict:
 
 
 def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, position, best_fitness,
-                   last_opt_step, mloss, opt, hyp) -> dict:
+                   last_opt_step, mloss, opt, hyp, world_size=1) -> dict:
     """Capture the full training state; ``position = (epoch, next_batch)`` is where to continue."""
     m = de_parallel(model)
     return {
@@ -51,6 +52,7 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
         "grads": [None if p.grad is None else p.grad.detach().cpu().clone() for p in m.parameters()],
         "epoch": int(position[0]) - 1,
         "next_position": [int(position[0]), int(position[1])],
+        "world_size": int(world_size),
         "best_fitness": float(best_fitness),
         "last_opt_step": int(last_opt_step),
         "mloss": mloss.detach().cpu().clone(),
@@ -63,12 +65,18 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
     }
 
 
-def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scaler, stopper, device):
+def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scaler, stopper, device,
+                           world_size=1):
     """Load a captured state into live objects; returns (epoch, batch, best_fitness, last_opt_step, mloss).
 
     The model's own weights are loaded when it is built; the RNG state is restored by the caller
     right before the first batch, after any start-up work that draws random numbers.
     """
+    epoch, batch = ckpt["next_position"]
+    if batch and ckpt.get("world_size", 1) != world_size:
+        raise UserError(f"--resume: this checkpoint was written mid-epoch by {ckpt.get('world_size', 1)} "
+                        f"process(es); resume it with the same number (now {world_size}), because the batch "
+                        "position depends on how the data set is sharded")
     if ema is not None and ckpt.get("ema") is not None:
         ema.ema.load_state_dict(float_state(ckpt["ema"]))
         ema.updates = int(ckpt["updates"])
@@ -80,7 +88,6 @@ def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scal
     for param, grad in zip(params, ckpt.get("grads") or [None] * len(params)):
         param.grad = None if grad is None else grad.to(device)
     stopper.load_state_dict(ckpt["stopper"])
-    epoch, batch = ckpt["next_position"]
     mloss = ckpt["mloss"].to(device)
     return int(epoch), int(batch), float(ckpt["best_fitness"]), int(ckpt["last_opt_step"]), mloss
 
