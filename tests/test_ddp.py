@@ -1,12 +1,13 @@
 """Multi-process training through torchrun with the gloo backend on CPU (what NCCL does on GPUs)."""
 
-import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.run_outputs import results_rows as rows, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--device", "cpu", "--workers", "0",
@@ -25,15 +26,6 @@ def launcher_env() -> dict:
     """This environment minus any DDP variables of an outer launcher, one thread per rank."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     return {**env, "OMP_NUM_THREADS": "1"}
-
-
-def checksum(run_dir: Path) -> str:
-    return (run_dir / "weights" / "sha256.txt").read_text().split()[0]
-
-
-def rows(run_dir: Path) -> list:
-    with open(run_dir / "results.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def total_train_loss(row: dict) -> float:

@@ -1,6 +1,5 @@
 """The reproducibility guarantees: reruns, worker counts and resumes (even after SIGKILL) are bit-identical."""
 
-import csv
 import json
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 import train
+from tests.run_outputs import results_rows as results, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)
@@ -21,15 +21,6 @@ def run_in_process(project: Path, name: str, data, cfg, **overrides) -> Path:
     train.run(**{**SETTINGS, "data": str(data), "cfg": str(cfg), "project": str(project), "name": name,
                  "workers": 0, **overrides})
     return project / name
-
-
-def checksum(run_dir: Path) -> str:
-    return (run_dir / "weights" / "sha256.txt").read_text().split()[0]
-
-
-def results(run_dir: Path) -> list:
-    with open(run_dir / "results.csv") as f:
-        return list(csv.reader(f))
 
 
 def final_weights(run_dir: Path) -> dict:

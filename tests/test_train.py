@@ -1,8 +1,7 @@
 """train.py end to end on a tiny model and a tiny generated data set (CPU, 64 px)."""
 
-import csv
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 import train
+from tests.run_outputs import results_rows
 from utils.checkpoints import load_checkpoint
 from utils.errors import UserError
 
@@ -25,11 +25,6 @@ def train_run(tmp_path, data, cfg, name="exp", **kwargs):
     options.update(kwargs)
     train.run(**options)
     return tmp_path / name
-
-
-def results_rows(run_dir: Path) -> list:
-    with open(run_dir / "results.csv") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
