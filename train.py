@@ -32,7 +32,7 @@ from models.yolo import Model  # noqa: E402
 from utils.amp import check_amp  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
-from utils.checkpoints import load_checkpoint, state_dict_sha256  # noqa: E402
+from utils.checkpoints import float_weights, inference_weights, load_checkpoint, state_dict_sha256  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, any_rank_flag, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
@@ -48,7 +48,7 @@ from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.reproducibility import determinism_report, record_checksum, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
-from utils.run_state import (CheckpointSaver, float_state, plain_opt, restore_training_state,  # noqa: E402
+from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                              strip_optimizer, training_state)
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.torch_utils import (EarlyStopping, ModelEMA, audit_model, configure_determinism, de_parallel,  # noqa: E402
@@ -192,12 +192,12 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
     """Build the model from --cfg (or the checkpoint's config) and load weights when given."""
     if resume_ckpt is not None:
         model = Model(resume_ckpt["model_cfg"], ch=3, nc=resume_ckpt["nc"]).to(device)
-        model.load_state_dict(float_state(resume_ckpt["model"]))
+        model.load_state_dict(float_weights(resume_ckpt["model"]))
     elif opt.weights:
         ckpt = load_checkpoint(opt.weights)
         cfg = opt.cfg or ckpt["model_cfg"]
         model = Model(cfg, ch=3, nc=nc, anchors=hyp.get("anchors")).to(device)
-        source = float_state(ckpt.get("ema") or ckpt["model"])
+        source = inference_weights(ckpt, opt.weights)
         exclude = ["anchor"] if (opt.cfg or hyp.get("anchors")) else []
         matched = intersect_dicts(source, model.state_dict(), exclude=exclude)
         model.load_state_dict(matched, strict=False)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.yolo import Model
-from utils.checkpoints import load_checkpoint
+from utils.checkpoints import inference_weights, load_checkpoint
 from utils.errors import UserError
 
 TTA_SCALES = (1.0, 0.83, 0.67)
@@ -22,14 +22,6 @@ class Ensemble(nn.ModuleList):
         """``x`` (bs, 3, h, w) float -> ``(pred (bs, N1 + N2 + ..., no), None)``."""
         preds = [tta_forward(m, x)[0] if augment else m(x)[0] for m in self]
         return torch.cat(preds, 1), None
-
-
-def _float_state_dict(state, path):
-    """Checkpoint state dict (fp16 or fp32) -> fp32 tensors; rejects anything that is not a state dict."""
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"{path}: the checkpoint's weights are not a state dict; "
-                        "re-save it with this project's train.py")
-    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 def _check_fit(model, state, path):
@@ -57,7 +49,7 @@ def load_one(path, fuse=True):
         model = Model(cfg, nc=ckpt.get("nc"))
     except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
         raise UserError(f"{path}: cannot build the model stored in the checkpoint ({type(e).__name__}: {e})") from None
-    state = _float_state_dict(ckpt.get("ema") or ckpt["model"], path)
+    state = inference_weights(ckpt, path)
     _check_fit(model, state, path)
     model.load_state_dict(state)
     names = ckpt.get("names") or [f"class{i}" for i in range(model.model[-1].nc)]

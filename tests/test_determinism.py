@@ -28,14 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def restore_determinism_state(monkeypatch):
-    """Every test leaves the process-wide flags, the cuBLAS variable and the RNG streams as it found them."""
+    """The cuBLAS variable and the RNG streams back as they were (conftest restores the flags)."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # restored by monkeypatch afterwards
-    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     yield
-    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2], flags[3]
     random.setstate(rng[0])
     np.random.set_state(rng[1])
     torch.set_rng_state(rng[2])

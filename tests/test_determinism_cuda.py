@@ -22,14 +22,9 @@ DEVICE = torch.device("cuda", 0)
 
 
 @pytest.fixture(autouse=True)
-def restore_determinism_state(monkeypatch):
-    """Flags and cuBLAS variable back as they were; the variable is exported before CUDA work."""
+def export_cublas_workspace(monkeypatch):
+    """The cuBLAS variable is exported before CUDA work (conftest restores the determinism flags)."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    yield
-    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2], flags[3]
 
 
 def flags() -> tuple[bool, bool]:

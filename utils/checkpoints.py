@@ -55,6 +55,20 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     return ckpt
 
 
+def float_weights(state_dict: dict) -> dict:
+    """Floating-point tensors to fp32 (stripped checkpoints hold fp16); others unchanged."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
+
+
+def inference_weights(ckpt: dict, path) -> dict:
+    """The weights to use from a checkpoint: the EMA when present, else the model, in fp32."""
+    state = ckpt.get("ema") or ckpt["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path}: the checkpoint's weights are not a state dict; "
+                        "re-save it with this project's train.py")
+    return float_weights(state)
+
+
 def state_dict_sha256(state_dict: dict) -> str:
     """SHA-256 over a state dict's tensors (sorted keys, raw bytes): equal iff bit-identical."""
     digest = hashlib.sha256()

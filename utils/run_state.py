@@ -14,15 +14,10 @@ from pathlib import Path
 import torch
 import torchvision
 
-from utils.checkpoints import load_checkpoint, save_checkpoint, to_plain
+from utils.checkpoints import float_weights, load_checkpoint, save_checkpoint, to_plain
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.torch_utils import de_parallel, get_rng_state
-
-
-def float_state(state_dict: dict) -> dict:
-    """fp16 (stripped) weights back to fp32; other tensors unchanged."""
-    return {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
 
 
 def cloned_state(state_dict: dict) -> dict:
@@ -78,7 +73,7 @@ def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scal
                         f"process(es); resume it with the same number (now {world_size}), because the batch "
                         "position depends on how the data set is sharded")
     if ema is not None and ckpt.get("ema") is not None:
-        ema.ema.load_state_dict(float_state(ckpt["ema"]))
+        ema.ema.load_state_dict(float_weights(ckpt["ema"]))
         ema.updates = int(ckpt["updates"])
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
