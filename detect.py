@@ -29,6 +29,7 @@ from utils.dataloaders import LoadImages  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
@@ -265,7 +266,7 @@ def append_csv(file, path, frame, det, names):
 def report(dt, seen, imgsz, save_dir, save_txt, nosave):
     """Log per-image speed and where results went."""
     if seen == 0:
-        LOGGER.warning("WARNING no frames were read from --source")
+        LOGGER.warning("no frames were read from --source")
         return
     per_image = tuple(x / seen * 1e3 for x in dt)
     LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
@@ -276,17 +277,19 @@ def report(dt, seen, imgsz, save_dir, save_txt, nosave):
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
 
 
+DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness"))
+
+
 def parse_opt(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--weights", nargs="+", type=str, required=True, help="checkpoint(s); several = ensemble")
+    add_shared_flags(parser, project=ROOT / "runs/detect", weights_help="checkpoint(s); several = ensemble",
+                     imgsz_help="inference size h,w", imgsz_hw=True)
     parser.add_argument("--source", type=str, required=True,
                         help="image, folder, glob, .txt list, video or webcam index")
     parser.add_argument("--data", type=str, default=None, help="optional data set YAML for class names")
-    parser.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="inference size h,w")
     parser.add_argument("--conf-thres", type=float, default=0.25, help="confidence threshold")
     parser.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=1000, help="maximum detections per image")
-    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
     parser.add_argument("--view-img", action="store_true", help="show results")
     parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
     parser.add_argument("--save-csv", action="store_true", help="save results in CSV format")
@@ -296,21 +299,14 @@ def parse_opt(argv=None):
     parser.add_argument("--classes", nargs="+", type=int, help="filter by class: --classes 0, or --classes 0 2 3")
     parser.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     parser.add_argument("--augment", action="store_true", help="test-time augmentation")
-    parser.add_argument("--project", default=ROOT / "runs/detect", help="save results to project/name")
-    parser.add_argument("--name", default="exp", help="save results to project/name")
-    parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
     parser.add_argument("--line-thickness", default=3, type=int, help="bounding box thickness (pixels)")
     parser.add_argument("--hide-labels", action="store_true", help="hide labels")
     parser.add_argument("--hide-conf", action="store_true", help="hide confidences")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride")
-    opt = parser.parse_args(argv)
-    if len(opt.imgsz) > 2 or min(opt.imgsz) < 1:
+    opt = check_options(parser.parse_args(argv), DETECT_RULES)
+    if len(opt.imgsz) > 2:
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
-    if opt.vid_stride < 1:
-        raise UserError(f"--vid-stride {opt.vid_stride}: must be a positive integer")
-    if opt.line_thickness < 1:
-        raise UserError(f"--line-thickness {opt.line_thickness}: must be a positive integer")
     opt.weights = opt.weights if len(opt.weights) > 1 else opt.weights[0]
     return opt
 

@@ -4,21 +4,20 @@ Usage (YOLOv5's flags and meanings):
     python train.py --data data/shapes.yaml --cfg models/ffca-yolo.yaml --imgsz 640 --epochs 100
     python train.py --resume                       # continue the most recent run under runs/
     torchrun --nproc_per_node 2 train.py --device 0,1 --data D.yaml --cfg models/ffca-yolo.yaml
-    python train.py ... --deterministic            # scoped determinism (strict|scoped|warn|off)
+    python train.py ... --deterministic strict     # determinism mode: scoped (default) | strict | warn | off
 """
 
 import argparse
-import math
 import os
 import sys
 import time
-from copy import deepcopy
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -31,6 +30,7 @@ from models.experimental import attempt_load  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.amp import check_amp  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
+from utils.augmentations import random_rescale  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
 from utils.checkpoints import float_weights, inference_weights, load_checkpoint, state_dict_sha256  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
@@ -44,6 +44,9 @@ from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E4
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
+from utils.evolve import evolve  # noqa: E402
+from utils.options import (OptionRules, add_shared_flags, check_options, merge_resumed_options,  # noqa: E402
+                           typed_flags)
 from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.reproducibility import determinism_report, record_checksum, write_json  # noqa: E402
@@ -51,14 +54,14 @@ from utils.results_log import ResultsLog  # noqa: E402
 from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                              strip_optimizer, training_state)
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
-from utils.torch_utils import (EarlyStopping, ModelEMA, audit_model, configure_determinism, de_parallel,  # noqa: E402
-                               intersect_dicts, select_device, set_rng_state, smart_optimizer)
+from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA, audit_model,  # noqa: E402
+                               configure_determinism, de_parallel, intersect_dicts, select_device, set_rng_state,
+                               smart_optimizer)
 
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
 DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 DEFAULT_PROJECT = ROOT / "runs" / "train"
-DETERMINISM_MODES = ("off", "warn", "scoped", "strict")
 
 
 def parse_opt(argv=None):
@@ -66,15 +69,15 @@ def parse_opt(argv=None):
     return build_parser().parse_args(argv)
 
 
-def build_parser(**parser_kwargs) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train a YOLOv5 / FFCA-YOLO detector", **parser_kwargs)
-    p.add_argument("--weights", type=str, default="", help="checkpoint to start from ('' = from scratch)")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train a YOLOv5 / FFCA-YOLO detector")
+    add_shared_flags(p, project=DEFAULT_PROJECT, many_weights=False, imgsz_help="train and val image size (px)",
+                     weights_help="checkpoint to start from ('' = from scratch)")
     p.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/ffca-yolo.yaml")
     p.add_argument("--data", type=str, default=str(DEFAULT_DATA), help="data set YAML")
     p.add_argument("--hyp", type=str, default=str(DEFAULT_HYP), help="hyperparameters YAML")
     p.add_argument("--epochs", type=int, default=100, help="total training epochs")
     p.add_argument("--batch-size", type=int, default=16, help="total batch size over all GPUs, -1 = AutoBatch")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="train and val image size (px)")
     p.add_argument("--rect", action="store_true", help="rectangular training")
     p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the most recent or a given run")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
@@ -84,15 +87,11 @@ def build_parser(**parser_kwargs) -> argparse.ArgumentParser:
     p.add_argument("--evolve", type=int, nargs="?", const=300, help="evolve hyperparameters for N generations")
     p.add_argument("--cache", type=str, nargs="?", const="ram", help="cache images in 'ram' (default) or 'disk'")
     p.add_argument("--image-weights", action="store_true", help="sample images by class rarity")
-    p.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
     p.add_argument("--multi-scale", action="store_true", help="vary image size +/- 50%%")
     p.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW"], default="SGD", help="optimizer")
     p.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
     p.add_argument("--workers", type=int, default=8, help="max dataloader workers (per rank in DDP mode)")
-    p.add_argument("--project", default=str(DEFAULT_PROJECT), help="save to project/name")
-    p.add_argument("--name", default="exp", help="save to project/name")
-    p.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
     p.add_argument("--quad", action="store_true", help="quad dataloader")
     p.add_argument("--cos-lr", action="store_true", help="cosine LR scheduler")
     p.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon")
@@ -103,20 +102,16 @@ def build_parser(**parser_kwargs) -> argparse.ArgumentParser:
                    help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
     p.add_argument("--seed", type=int, default=0, help="global training seed")
     p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="DDP rank (torchrun sets LOCAL_RANK)")
-    p.add_argument("--deterministic", nargs="?", const="scoped", default="off", choices=DETERMINISM_MODES,
-                   help="determinism mode; bare flag = scoped (see docs/determinism.md)")
+    p.add_argument("--deterministic", nargs="?", const="scoped", default="scoped", choices=MODES,
+                   help="determinism mode (default scoped; off must be asked for; see docs/determinism.md)")
     return p
 
 
-def explicit_flags(argv) -> dict:
-    """The options the user actually typed (to report conflicts with a resumed checkpoint)."""
-    parser = build_parser(argument_default=argparse.SUPPRESS)
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return vars(parser.parse_known_args(argv)[0])
-
-
 # ---------------------------------------------------------------------------------------- options
+
+TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers"),
+                          files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),))
+RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval"}
 
 
 def resolve_options(opt, argv=None):
@@ -125,18 +120,9 @@ def resolve_options(opt, argv=None):
         return resume_options(opt, argv)
     if not opt.cfg and not opt.weights:
         raise UserError("--cfg is required when training from scratch (--weights ''), e.g. --cfg models/ffca-yolo.yaml")
-    for flag in ("cfg", "hyp", "weights"):
-        value = getattr(opt, flag)
-        if value and not Path(value).is_file():
-            raise UserError(f"--{flag} {value}: file not found")
-    if opt.epochs < 1:
-        raise UserError(f"--epochs {opt.epochs}: must be at least 1")
-    if opt.patience < 0:
-        raise UserError(f"--patience {opt.patience}: must be 0 or more epochs")
+    check_options(opt, TRAIN_RULES)
     if opt.batch_size == 0 or opt.batch_size < -1:
         raise UserError(f"--batch-size {opt.batch_size}: must be positive, or -1 for AutoBatch")
-    if opt.cache not in (None, "ram", "disk"):
-        raise UserError(f"--cache {opt.cache}: use 'ram' or 'disk'")
     project = Path(opt.project)
     if opt.evolve and project == DEFAULT_PROJECT:
         project = ROOT / "runs" / "evolve"  # YOLOv5's folder for evolution runs
@@ -161,18 +147,8 @@ def resume_options(opt, argv=None):
     if ckpt.get("finished") or "optimizer" not in ckpt or ckpt.get("optimizer") is None:
         raise UserError(f"--resume {path}: that run finished; there is nothing to resume "
                         "(start a new run with --weights to fine-tune from it)")
-    saved = argparse.Namespace(**ckpt["opt"])
-    may_differ = {"device", "workers", "local_rank", "resume", "save_interval"}
-    typed = explicit_flags(sys.argv[1:] if argv is None else argv)
-    for key, value in typed.items():
-        if key in may_differ or not hasattr(saved, key):
-            continue
-        if getattr(saved, key) != value:
-            LOGGER.warning(f"--resume: --{key.replace('_', '-')} {value} conflicts with the checkpoint's "
-                           f"{getattr(saved, key)!r}; the checkpoint's value is used")
-    for key in may_differ - {"resume"}:
-        if key in typed:
-            setattr(saved, key, typed[key])
+    typed = typed_flags(build_parser(), sys.argv[1:] if argv is None else argv)
+    saved = merge_resumed_options(ckpt["opt"], typed, RESUME_MAY_DIFFER)
     saved.resume = str(path)
     saved.weights = str(path)
     saved.save_dir = str(path.parent.parent)
@@ -250,118 +226,157 @@ def run_start_up_audit(policy, model, imgsz: int, device) -> dict | None:
 # ---------------------------------------------------------------------------------------- train
 
 
+@dataclass
+class RunContext:
+    """One training run's settings and collaborators, built once by :func:`train` and read by the loop."""
+
+    opt: argparse.Namespace
+    device: torch.device
+    dist: DistInfo
+    policy: DeterminismPolicy
+    save_dir: Path
+    data_dict: dict
+    names: list
+    imgsz: int
+    batch_size: int  # total over all ranks (YOLOv5's --batch-size)
+    per_rank_batch: int
+    plots: bool
+    train_loader: Any = None
+    val_loader: Any = None
+    results_log: ResultsLog | None = None
+    saver: CheckpointSaver | None = None
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.save_dir / "weights"
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
+
+
 def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     """Train one model; returns the final (P, R, mAP50, mAP50-95, box, obj, cls) of the last validation."""
     hyp = dict(hyp)
     save_dir = Path(opt.save_dir)
-    weights_dir = save_dir / "weights"
-    main_process = dist.is_main
     policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
-    plots = not opt.evolve and not opt.noplots
-    if main_process:
-        weights_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        (save_dir / "weights").mkdir(parents=True, exist_ok=True)
         write_run_header(save_dir, opt, hyp)
     LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
 
     data_dict = check_dataset(opt.data)
-    nc, names = (1, ["item"]) if opt.single_cls else (int(data_dict["nc"]), list(data_dict["names"]))
-    model = build_model(opt, hyp, nc, names, device, resume_ckpt)
+    names = ["item"] if opt.single_cls else list(data_dict["names"])
+    model = build_model(opt, hyp, len(names), names, device, resume_ckpt)
     freeze_layers(model, opt.freeze)
     amp = check_amp(model)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp)  # recorded, so a resume keeps it
-    batch_size = opt.batch_size
-    per_rank_batch = check_ddp_batch(batch_size, dist.world_size) if dist.enabled else batch_size
-    if opt.quad and per_rank_batch % 4:
-        raise UserError(f"--quad needs a per-device batch size divisible by 4, got {per_rank_batch}")
-
-    train_loader, dataset, val_loader = build_loaders(data_dict, imgsz, per_rank_batch, grid_size, hyp, opt, dist)
+    ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
+                     names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch_size(opt, dist),
+                     plots=not opt.evolve and not opt.noplots)
+    ctx.train_loader, dataset, ctx.val_loader = build_loaders(ctx, hyp, grid_size)
     if resume_ckpt is None:
-        prepare_new_run(dataset, model, hyp, imgsz, opt, names, save_dir, plots and main_process)
+        prepare_new_run(dataset, model, hyp, ctx)
 
-    loop = TrainLoop(model, hyp, opt, device, dist, policy, amp, batch_size, nc, imgsz)
+    loop = TrainLoop(ctx, model, hyp, amp)
     audit = run_start_up_audit(policy, model, imgsz, device)
-    results_log = ResultsLog(save_dir / "results.csv", tensorboard=main_process and not opt.evolve)
+    ctx.results_log = ResultsLog(save_dir / "results.csv", tensorboard=dist.is_main and not opt.evolve)
+    ctx.saver = CheckpointSaver(ctx.weights_dir / "last.pt", ctx.weights_dir / "best.pt", ctx.weights_dir,
+                                opt.save_period, opt.save_interval)
     if resume_ckpt is not None:
         loop.restore(resume_ckpt)
-        results_log.truncate(loop.start_epoch)
+        ctx.results_log.truncate(loop.start_epoch)
         LOGGER.info(f"Resuming {opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
     loop.wrap_ddp()
-    if main_process:
+    if dist.is_main:
         write_json(save_dir / "determinism.json", determinism_report(
             policy=policy, audit=audit, opt=opt, dist=dist, dataset=dataset, device=device))
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"])  # last: start-up work above may have drawn random numbers
 
-    results, last_epoch = loop.run(train_loader, val_loader, data_dict, names, per_rank_batch, save_dir,
-                                   results_log, plots)
+    results, last_epoch = loop.run()
+    return report_run_end(ctx, loop, results, last_epoch)
+
+
+def per_rank_batch_size(opt, dist: DistInfo) -> int:
+    """The batch each process loads: the total divided over the ranks (checked for --quad)."""
+    per_rank = check_ddp_batch(opt.batch_size, dist.world_size) if dist.enabled else opt.batch_size
+    if opt.quad and per_rank % 4:
+        raise UserError(f"--quad needs a per-device batch size divisible by 4, got {per_rank}")
+    return per_rank
+
+
+def report_run_end(ctx: RunContext, loop, results, last_epoch):
+    """After the loop: exit on an interrupt, else finish the run on the main process; returns results."""
     if loop.interrupted:
-        exit_after_interrupt(loop.interrupt_code, f"python train.py --resume {weights_dir / 'last.pt'}",
-                             show=main_process)
-    if main_process:
+        exit_after_interrupt(loop.interrupt_code, f"python train.py --resume {ctx.weights_dir / 'last.pt'}",
+                             show=ctx.dist.is_main)
+    if ctx.dist.is_main:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
         checksum = state_dict_sha256(loop.ema.ema.state_dict())
-        results = finish_run(save_dir, data_dict, names, imgsz, per_rank_batch, opt, device, plots, results)
-        record_checksum(save_dir, checksum)
+        results = finish_run(ctx, results)
+        record_checksum(ctx.save_dir, checksum)
         LOGGER.info(f"Final EMA weights sha256: {checksum}")
-        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}")
-    barrier(dist)
+        LOGGER.info(f"Results saved to {colorstr('bold', ctx.save_dir)}")
+    barrier(ctx.dist)
     return results
 
 
-def build_loaders(data_dict, imgsz, batch_size, grid_size, hyp, opt, dist):
+def build_loaders(ctx: RunContext, hyp: dict, grid_size: int):
     """Training loader (sharded under DDP) and, on the main process, the validation loader."""
+    opt, nc = ctx.opt, ctx.data_dict["nc"]
     train_loader, dataset = create_dataloader(
-        data_dict["train"], imgsz, batch_size, grid_size, single_cls=opt.single_cls, hyp=hyp, augment=True,
-        cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
+        ctx.data_dict["train"], ctx.imgsz, ctx.per_rank_batch, grid_size, single_cls=opt.single_cls, hyp=hyp,
+        augment=True, cache=opt.cache, rect=opt.rect, rank=ctx.dist.rank, workers=opt.workers,
         image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
-        nc=data_dict["nc"])
+        nc=nc)
     val_loader = None
-    if dist.is_main:
+    if ctx.dist.is_main:
         val_loader = create_dataloader(
-            data_dict["val"], imgsz, batch_size * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
+            ctx.data_dict["val"], ctx.imgsz, ctx.per_rank_batch * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
-            prefix=colorstr("val: "), seed=opt.seed, nc=data_dict["nc"])[0]
+            prefix=colorstr("val: "), seed=opt.seed, nc=nc)[0]
     return train_loader, dataset, val_loader
 
 
-def prepare_new_run(dataset, model, hyp, imgsz, opt, names, save_dir, plots: bool) -> None:
+def prepare_new_run(dataset, model, hyp: dict, ctx: RunContext) -> None:
     """AutoAnchor (anchors then live in the model, so checkpoints carry them) and labels.jpg."""
-    if not opt.noautoanchor:
-        check_anchors(dataset, model=model, thr=hyp["anchor_t"], imgsz=imgsz, seed=opt.seed)
+    if not ctx.opt.noautoanchor:
+        check_anchors(dataset, model=model, thr=hyp["anchor_t"], imgsz=ctx.imgsz, seed=ctx.opt.seed)
     elif isinstance(model.yaml.get("anchors"), int):
         LOGGER.warning("--noautoanchor with 'anchors: N' in the model YAML: training with placeholder anchors")
-    if plots:
+    if ctx.plots and ctx.dist.is_main:
         labels = [lb for lb in dataset.labels if len(lb)]
-        plot_labels(np.concatenate(labels, 0) if labels else np.zeros((0, 5)), names, save_dir)
+        plot_labels(np.concatenate(labels, 0) if labels else np.zeros((0, 5)), ctx.names, ctx.save_dir)
 
 
 class TrainLoop:
     """The optimisation loop and its state (model, EMA, optimizer, scheduler, scaler, early stopping)."""
 
-    def __init__(self, model, hyp, opt, device, dist, policy, amp, batch_size, nc, imgsz):
-        self.opt, self.device, self.dist, self.policy, self.amp, self.imgsz = opt, device, dist, policy, amp, imgsz
+    def __init__(self, ctx: RunContext, model, hyp: dict, amp: bool):
+        self.ctx, self.opt, self.device, self.dist, self.amp = ctx, ctx.opt, ctx.device, ctx.dist, amp
         # channels-last convolutions are ~1.4x faster for YOLOv5n on CPU (oneDNN) and suit tensor cores
         self.model = model.to(memory_format=torch.channels_last)
         self.hyp_for_checkpoint = dict(hyp)
         hyp = dict(hyp)
-        self.accumulate_nbs = max(round(NOMINAL_BATCH / batch_size), 1)
-        hyp["weight_decay"] *= batch_size * self.accumulate_nbs / NOMINAL_BATCH
-        self.optimizer = smart_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-        self.lf = lr_lambda(hyp["lrf"], opt.epochs, opt.cos_lr)
+        self.accumulate_nbs = max(round(NOMINAL_BATCH / ctx.batch_size), 1)
+        hyp["weight_decay"] *= ctx.batch_size * self.accumulate_nbs / NOMINAL_BATCH
+        self.optimizer = smart_optimizer(model, self.opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
+        self.lf = lr_lambda(hyp["lrf"], self.opt.epochs, self.opt.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
-        self.ema = ModelEMA(model) if dist.is_main else None
+        self.ema = ModelEMA(model) if ctx.dist.is_main else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
-        self.stopper = EarlyStopping(patience=opt.patience)
-        nl = model.model[-1].nl
-        self.hyp = scale_loss_gains(hyp, nl, nc, imgsz)
+        self.stopper = EarlyStopping(patience=self.opt.patience)
+        self.hyp = scale_loss_gains(hyp, model.model[-1].nl, ctx.nc, ctx.imgsz)
         model.hyp = self.hyp
         self.grid_size = max(int(model.stride.max()), 32)
         self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step = 0, 0, 0.0, -1
-        self.mloss = torch.zeros(3, device=device)
+        self.mloss = torch.zeros(3, device=self.device)
         self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
+        self.compute_loss, self.n_warmup = None, 0
 
     def restore(self, ckpt) -> None:
         (self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step,
@@ -374,7 +389,7 @@ class TrainLoop:
             return
         cuda = self.device.type == "cuda"
         if self.opt.sync_bn and not cuda:
-            LOGGER.warning("WARNING --sync-bn needs CUDA devices (SyncBatchNorm has no CPU kernel); ignored")
+            LOGGER.warning("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU kernel); ignored")
         elif self.opt.sync_bn:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model).to(self.device)
             LOGGER.info("Using SyncBatchNorm()")
@@ -388,47 +403,46 @@ class TrainLoop:
             last_opt_step=self.last_opt_step, mloss=self.mloss, opt=self.opt, hyp=self.hyp_for_checkpoint,
             world_size=self.dist.world_size)
 
-    def run(self, train_loader, val_loader, data_dict, names, batch_size, save_dir, results_log, plots):
+    def run(self):
         """All epochs; returns (last validation results, last epoch index)."""
-        opt, main = self.opt, self.dist.is_main
-        saver = CheckpointSaver(save_dir / "weights" / "last.pt", save_dir / "weights" / "best.pt",
-                                save_dir / "weights", opt.save_period, opt.save_interval)
-        compute_loss = ComputeLoss(de_parallel(self.model))
-        nb = len(train_loader)
+        self.compute_loss = ComputeLoss(de_parallel(self.model))
+        nb = len(self.ctx.train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
         with GracefulInterrupt() as interrupt:
-            LOGGER.info(f"Image sizes {self.imgsz} train, {self.imgsz} val\n"
-                        f"Using {train_loader.num_workers} dataloader workers\n"
-                        f"Logging results to {colorstr('bold', save_dir)}\n"
-                        f"Starting training for {opt.epochs} epochs...")
-            for epoch in range(self.start_epoch, opt.epochs):
+            self.announce()
+            for epoch in range(self.start_epoch, self.opt.epochs):
                 first_batch = self.start_batch if epoch == self.start_epoch else 0
-                finished = self.train_epoch(train_loader, epoch, first_batch, nb, compute_loss, interrupt, saver,
-                                            names, save_dir, plots)
+                finished = self.train_epoch(epoch, first_batch, interrupt)
                 if not finished:
                     break
                 lr = [group["lr"] for group in self.optimizer.param_groups]
                 self.scheduler.step()
                 stop = False
-                if main:
-                    results, stop = self.end_epoch(epoch, lr, val_loader, data_dict, names, batch_size, save_dir,
-                                                   compute_loss, results_log, saver)
+                if self.dist.is_main:
+                    results, stop = self.end_epoch(epoch, lr)
                 stop = bool(broadcast_object(stop, self.dist))
                 if self.interrupted or stop:
                     break
             self.interrupt_code = interrupt.exit_code
-        if self.interrupted and finished and epoch + 1 == opt.epochs:
+        if self.interrupted and finished and epoch + 1 == self.opt.epochs:
             self.interrupted = False  # the signal came during the last batch: the run is complete
         self.elapsed_hours = (time.time() - t0) / 3600
         return results, epoch
 
-    def train_epoch(self, loader, epoch, first_batch, nb, compute_loss, interrupt, saver, names, save_dir, plots):
+    def announce(self) -> None:
+        LOGGER.info(f"Image sizes {self.ctx.imgsz} train, {self.ctx.imgsz} val\n"
+                    f"Using {self.ctx.train_loader.num_workers} dataloader workers\n"
+                    f"Logging results to {colorstr('bold', self.ctx.save_dir)}\n"
+                    f"Starting training for {self.opt.epochs} epochs...")
+
+    def train_epoch(self, epoch: int, first_batch: int, interrupt) -> bool:
         """One epoch from ``first_batch``; False if an interrupt stopped it before its last batch."""
-        opt, main, device = self.opt, self.dist.is_main, self.device
+        ctx, main = self.ctx, self.dist.is_main
+        loader, nb = ctx.train_loader, len(ctx.train_loader)
         self.model.train()
         if first_batch == 0:
-            self.mloss = torch.zeros(3, device=device)
+            self.mloss = torch.zeros(3, device=self.device)
             self.optimizer.zero_grad()  # YOLOv5 drops an epoch's unfinished accumulation
         loader.set_epoch(epoch, start_batch=first_batch)
         if main:
@@ -437,23 +451,27 @@ class TrainLoop:
         pbar = tqdm(enumerate(loader, start=first_batch), total=nb, initial=first_batch, disable=not main,
                     bar_format="{l_bar}{bar:10}{r_bar}")
         for i, (imgs, targets, paths, _) in pbar:
-            loss_items = self.train_step(imgs, targets, epoch, i, nb, compute_loss)
+            loss_items = self.train_step(imgs, targets, epoch, i, nb)
             self.mloss = (self.mloss * i + loss_items) / (i + 1)
             if main:
-                memory = f"{torch.cuda.memory_reserved() / 1e9 if torch.cuda.is_available() else 0:.3g}G"
-                pbar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
-                    f"{epoch}/{opt.epochs - 1}", memory, *self.mloss, targets.shape[0], imgs.shape[-1]))
-                if plots and epoch == 0 and i < 3:
-                    plot_images(imgs, targets, paths, save_dir / f"train_batch{i}.jpg", names)
+                self.show_progress(pbar, epoch, imgs, targets, paths, i)
             self.interrupted = any_rank_flag(bool(interrupt.requested), self.dist)
-            if i + 1 < nb and (self.interrupted or (saver.interval_due() and not opt.nosave)):
+            if i + 1 < nb and (self.interrupted or (ctx.saver.interval_due() and not self.opt.nosave)):
                 if main:
-                    saver.save_last(self.state((epoch, i + 1)))
+                    ctx.saver.save_last(self.state((epoch, i + 1)))
                 if self.interrupted:
                     return False
         return True
 
-    def train_step(self, imgs, targets, epoch, i, nb, compute_loss):
+    def show_progress(self, pbar, epoch: int, imgs, targets, paths, i: int) -> None:
+        """Progress bar text, and the first three training batches drawn in epoch 0."""
+        memory = f"{torch.cuda.memory_reserved() / 1e9 if torch.cuda.is_available() else 0:.3g}G"
+        pbar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
+            f"{epoch}/{self.opt.epochs - 1}", memory, *self.mloss, targets.shape[0], imgs.shape[-1]))
+        if self.ctx.plots and epoch == 0 and i < 3:
+            plot_images(imgs, targets, paths, self.ctx.save_dir / f"train_batch{i}.jpg", self.ctx.names)
+
+    def train_step(self, imgs, targets, epoch: int, i: int, nb: int):
         """Forward, scoped backward, and an optimizer step when enough gradient has accumulated."""
         ni = i + nb * epoch
         imgs = imgs.to(self.device, non_blocking=True).float().div_(255)
@@ -462,52 +480,40 @@ class TrainLoop:
         if ni < self.n_warmup:
             accumulate = apply_warmup(self.optimizer, ni, self.n_warmup, epoch, self.lf, self.hyp, self.accumulate_nbs)
         if self.opt.multi_scale:
-            imgs = random_rescale(imgs, self.imgsz, self.grid_size, self.opt.seed, epoch, i)
+            imgs = random_rescale(imgs, self.ctx.imgsz, self.grid_size, self.opt.seed, epoch, i)
         with torch.autocast(self.device.type, enabled=self.amp):
             pred = self.model(imgs)
-            loss, loss_items = compute_loss(pred, targets.to(self.device))
+            loss, loss_items = self.compute_loss(pred, targets.to(self.device))
             if self.dist.enabled:
                 loss *= self.dist.world_size
             if self.opt.quad:
                 loss *= 4.0
-        with self.policy.backward_scope():
+        with self.ctx.policy.backward_scope():
             self.scaler.scale(loss).backward()
         if ni - self.last_opt_step >= accumulate:
             optimizer_step(self.model, self.optimizer, self.scaler, self.ema)
             self.last_opt_step = ni
         return loss_items
 
-    def end_epoch(self, epoch, lr, val_loader, data_dict, names, batch_size, save_dir, compute_loss, results_log,
-                  saver):
+    def end_epoch(self, epoch: int, lr: list):
         """Validate, log results.csv, early-stop check, save checkpoints (main process only)."""
-        opt = self.opt
+        ctx, opt = self.ctx, self.opt
         self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "hyp", "names", "stride"])
         final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
-        results, maps = (0, 0, 0, 0, 0, 0, 0), None
+        results = (0, 0, 0, 0, 0, 0, 0)
         if not opt.noval or final_epoch:
-            results, maps, _ = validate.run(
-                data_dict, batch_size=batch_size, imgsz=self.imgsz, half=self.amp, model=self.ema.ema,
-                single_cls=opt.single_cls, dataloader=val_loader, save_dir=save_dir, plots=False,
-                compute_loss=compute_loss, names=names)
+            results, _, _ = validate.run(
+                ctx.data_dict, batch_size=ctx.per_rank_batch, imgsz=ctx.imgsz, half=self.amp, model=self.ema.ema,
+                single_cls=opt.single_cls, dataloader=ctx.val_loader, save_dir=ctx.save_dir, plots=False,
+                compute_loss=self.compute_loss, names=ctx.names)
         fi = float(fitness(np.array(results).reshape(1, -1))[0])
         stop = self.stopper(epoch=epoch, fitness=fi)
         self.best_fitness = max(self.best_fitness, fi)
         improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
-        results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
+        ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
         if not opt.nosave or final_epoch or stop or self.interrupted:
-            saver.save_epoch(self.state((epoch + 1, 0)), epoch, improved)
+            ctx.saver.save_epoch(self.state((epoch + 1, 0)), epoch, improved)
         return results, stop
-
-
-def random_rescale(imgs: torch.Tensor, imgsz: int, grid_size: int, seed: int, epoch: int, i: int) -> torch.Tensor:
-    """Multi-scale: resize the batch to a size in [0.5, 1.5]·imgsz drawn from (seed, epoch, batch)."""
-    rng = np.random.default_rng([seed, epoch, i, 1])
-    size = int(rng.integers(int(imgsz * 0.5), int(imgsz * 1.5) + grid_size)) // grid_size * grid_size
-    factor = size / max(imgs.shape[2:])
-    if factor == 1:
-        return imgs
-    new_shape = [math.ceil(x * factor / grid_size) * grid_size for x in imgs.shape[2:]]
-    return F.interpolate(imgs, size=new_shape, mode="bilinear", align_corners=False)
 
 
 def optimizer_step(model, optimizer, scaler, ema) -> None:
@@ -521,50 +527,26 @@ def optimizer_step(model, optimizer, scaler, ema) -> None:
         ema.update(model)
 
 
-def finish_run(save_dir, data_dict, names, imgsz, batch_size, opt, device, plots, results):
+def finish_run(ctx: RunContext, results):
     """Strip checkpoints for inference, validate best.pt with plots, draw results.png."""
-    last, best = save_dir / "weights" / "last.pt", save_dir / "weights" / "best.pt"
+    last, best = ctx.weights_dir / "last.pt", ctx.weights_dir / "best.pt"
     for f in (last, best):
         if f.exists():
             strip_optimizer(f)
     final = best if best.exists() else last
-    if final.exists() and not opt.evolve:
+    if final.exists() and not ctx.opt.evolve:
         LOGGER.info(f"\nValidating {final}...")
-        model = attempt_load(final, device=device, fuse=True)
+        model = attempt_load(final, device=ctx.device, fuse=True)
         results, _, _ = validate.run(
-            data_dict, batch_size=batch_size * 2, imgsz=imgsz, model=model, half=False, single_cls=opt.single_cls,
-            save_dir=save_dir, plots=plots, verbose=len(names) < 50, names=names)
-    if plots:
-        plot_results(save_dir / "results.csv")
+            ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
+            single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,
+            names=ctx.names)
+    if ctx.plots:
+        plot_results(ctx.save_dir / "results.csv")
     return results
 
 
 # ---------------------------------------------------------------------------------------- evolve
-
-
-def evolve(hyp: dict, opt, device, dist: DistInfo):
-    """Hyperparameter evolution: N generations of mutation, each a short training run."""
-    from utils import evolve as evo
-
-    if dist.enabled:
-        raise UserError("--evolve is not supported with DDP; run it on one device")
-    save_dir = Path(opt.save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    evolve_csv = save_dir / "evolve.csv"
-    opt.noval, opt.nosave, opt.noplots = True, True, True
-    base = deepcopy(hyp)
-    done_before = len(evo.read_evolve_csv(evolve_csv)[1])  # a continued search numbers on
-    for generation in range(done_before, done_before + opt.evolve):
-        trial = evo.mutate_hyp(base, evolve_csv, evo.generation_rng(opt.seed, evolve_csv))
-        trial_opt = deepcopy(opt)
-        trial_opt.save_dir = str(save_dir / f"gen{generation}")
-        results = train(deepcopy(trial), trial_opt, device, dist)
-        evo.append_evolve_row(evolve_csv, evo.RESULT_KEYS, results, trial)
-        LOGGER.info(f"Generation {generation + 1} ({generation - done_before + 1}/{opt.evolve} of this run) "
-                    f"done: {results}")
-    evo.best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
-    evo.plot_evolve(evolve_csv)
-    LOGGER.info(f"Hyperparameter evolution finished; best hyperparameters in {save_dir / 'hyp_evolve.yaml'}")
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -582,7 +564,9 @@ def main(opt, argv=None):
         init_process_group(dist, device)
     try:
         if opt.evolve:
-            return evolve(hyp, opt, device, dist)
+            if dist.enabled:
+                raise UserError("--evolve is not supported with DDP; run it on one device")
+            return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist))
         return train(hyp, opt, device, dist, resume_ckpt)
     finally:
         destroy_process_group(dist)

@@ -12,6 +12,7 @@ Usage:
 import argparse
 import json
 import sys
+from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import atomic_write_bytes, increment_path  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
+from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import (check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh,  # noqa: E402
                        xyxy2xywhn)
 from utils.plots import output_to_target, plot_images  # noqa: E402
@@ -86,12 +88,12 @@ def coco_evaluate(gt_json, pred_json):
         from pycocotools.coco import COCO
         from pycocotools.cocoeval import COCOeval
     except ImportError:
-        LOGGER.warning("WARNING pycocotools is not installed; skipping the official COCO evaluation "
+        LOGGER.warning("pycocotools is not installed; skipping the official COCO evaluation "
                        "(pip install pycocotools)")
         return None
     gt = COCO(str(gt_json))
     if not json.loads(Path(pred_json).read_text()):
-        LOGGER.warning(f"WARNING {pred_json}: no predictions to evaluate")
+        LOGGER.warning(f"{pred_json}: no predictions to evaluate")
         return 0.0, 0.0
     evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), "bbox")
     evaluator.evaluate()
@@ -117,7 +119,7 @@ def _model_device(model):
     return next(model.parameters()).device
 
 
-def _load_for_cli(weights, device, batch_size, imgsz, half, data):
+def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls):
     """Standalone validation: weights -> fused eval model on ``device``, checked image size, data dict."""
     device = select_device(device, batch_size=batch_size)
     model = attempt_load(weights, device=device, fuse=True)
@@ -125,7 +127,21 @@ def _load_for_cli(weights, device, batch_size, imgsz, half, data):
     half &= device.type == "cuda"
     if half:
         model.half()
-    return model, device, imgsz, half, check_dataset(data)
+    data = check_dataset(data)
+    _check_class_counts(model, data, weights, single_cls)
+    return model, device, imgsz, half, data
+
+
+def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
+    """The weights must predict the data set's classes (with --single-cls every class counts as one)."""
+    if single_cls:
+        if int(model.nc) > 1:
+            LOGGER.info(f"--single-cls: all {data['nc']} data set classes and all {model.nc} model classes are "
+                        "scored as one class")
+        return
+    if int(model.nc) != int(data["nc"]):
+        raise UserError(f"--weights {weights} predicts {model.nc} classes but --data {data.get('yaml_file', '')} "
+                        f"has {data['nc']}; use the data set the weights were trained on, or --single-cls")
 
 
 def _validation_loader(data, task, imgsz, batch_size, stride, single_cls, workers):
@@ -157,12 +173,13 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if training:
         device = _model_device(model)
         half &= device.type == "cuda"
-        if half:
-            model.half()
+        if half:  # a half copy: rounding the caller's (EMA) weights to fp16 would change training
+            model = deepcopy(model).half()
     else:
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
-        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data)
+        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data,
+                                                         single_cls)
     model.eval()
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data)
@@ -230,7 +247,6 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         n_labels = len(list(save_dir.glob("labels/*.txt")))
         written = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
-    model.float()
     return (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist()), maps, times
 
 
@@ -271,7 +287,7 @@ def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
     LOGGER.info(TABLE_HEADER)
     LOGGER.info(TABLE_ROW % ("all", seen, counts.sum(), mp, mr, map50, map_))
     if counts.sum() == 0:
-        LOGGER.warning(f"WARNING no labels found in the {'training-time ' if training else ''}validation set, "
+        LOGGER.warning(f"no labels found in the {'training-time ' if training else ''}validation set, "
                        "cannot compute metrics without labels")
     if per_class and nc > 1:
         for i, c in enumerate(ap_class):
@@ -300,18 +316,20 @@ def _save_and_evaluate_json(jdict, dataset, names, nc, single_cls, save_dir, wei
 
 # ------------------------------------------------------------------------------- command line
 
+VAL_RULES = OptionRules(positive=("batch_size", "imgsz", "max_det"), non_negative=("workers",))
+
+
 def parse_opt(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shared_flags(parser, project=ROOT / "runs/val", weights_help="checkpoint(s); several = ensemble",
+                     imgsz_help="inference size (pixels)")
     parser.add_argument("--data", type=str, required=True, help="data set YAML")
-    parser.add_argument("--weights", nargs="+", type=str, required=True, help="checkpoint(s); several = ensemble")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size")
-    parser.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="inference size (pixels)")
     parser.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
     parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
     parser.add_argument("--task", default="val", choices=("train", "val", "test", "speed", "study"),
                         help="split to validate, or speed / study")
-    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
     parser.add_argument("--workers", type=int, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class data set")
     parser.add_argument("--augment", action="store_true", help="test-time augmentation")
@@ -320,28 +338,22 @@ def parse_opt(argv=None):
     parser.add_argument("--save-hybrid", action="store_true", help="save label+prediction hybrid results to *.txt")
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file and run pycocotools")
-    parser.add_argument("--project", default=ROOT / "runs/val", help="save to project/name")
-    parser.add_argument("--name", default="exp", help="save to project/name")
-    parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
-    opt = parser.parse_args(argv)
+    opt = check_options(parser.parse_args(argv), VAL_RULES)
     opt.save_txt |= opt.save_hybrid
     return opt
 
 
-def _check_options(opt):
-    for flag, value in (("--batch-size", opt.batch_size), ("--imgsz", opt.imgsz)):
-        if value < 1:
-            raise UserError(f"{flag} {value}: must be a positive integer")
+def _warn_about_options(opt):
     if opt.conf_thres > 0.001 and opt.task in ("train", "val", "test"):
-        LOGGER.warning(f"WARNING --conf-thres {opt.conf_thres} > 0.001 gives invalid mAP values (fewer detections)")
+        LOGGER.warning(f"--conf-thres {opt.conf_thres} > 0.001 gives invalid mAP values (fewer detections)")
     if opt.save_hybrid:
-        LOGGER.warning("WARNING --save-hybrid mixes labels into the predictions: its mAP is not a model metric")
+        LOGGER.warning("--save-hybrid mixes labels into the predictions: its mAP is not a model metric")
 
 
 def main(opt):
     """Run the chosen task: one split, speed timing, or the image-size study."""
-    _check_options(opt)
+    _warn_about_options(opt)
     weights = opt.weights if len(opt.weights) > 1 else opt.weights[0]
     if opt.task in ("train", "val", "test"):
         return run(**{**vars(opt), "weights": weights})

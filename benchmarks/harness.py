@@ -41,16 +41,20 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
     model.names = data["names"]
     loader, _ = create_dataloader(data["train"], imgsz, batch_size, max(int(model.stride.max()), 32), hyp=hyp,
                                   augment=True, workers=workers, shuffle=True, seed=0, nc=data["nc"])
-    loop = train.TrainLoop(model, hyp, opt, device, DistInfo(), policy, False, batch_size, data["nc"], imgsz)
+    ctx = train.RunContext(opt=opt, device=device, dist=DistInfo(), policy=policy, save_dir=Path(opt.project),
+                           data_dict=data, names=list(data["names"]), imgsz=imgsz, batch_size=batch_size,
+                           per_rank_batch=batch_size, plots=False, train_loader=loader)
+    loop = train.TrainLoop(ctx, model, hyp, amp=False)
     loop.n_warmup = 0
     if mode != "off":
         train.run_start_up_audit(policy, model, imgsz, device)
-    return loop, ComputeLoss(model), loader
+    loop.compute_loss = ComputeLoss(model)
+    return loop, loader
 
 
 def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2, batches=10, device="cpu"):
     """Median seconds per batch over ``batches`` steps after ``warmup`` steps (data loading included)."""
-    loop, compute_loss, loader = build_loop(cfg, imgsz, batch_size, workers, mode, device)
+    loop, loader = build_loop(cfg, imgsz, batch_size, workers, mode, device)
     loop.model.train()
     times, epoch = [], 0
     nb = len(loader)
@@ -58,7 +62,7 @@ def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2,
         loader.set_epoch(epoch)
         t = time.perf_counter()
         for i, (imgs, targets, _, _) in enumerate(loader):
-            loop.train_step(imgs, targets, epoch, i, nb, compute_loss)
+            loop.train_step(imgs, targets, epoch, i, nb)
             if device != "cpu":
                 torch.cuda.synchronize()
             now = time.perf_counter()

@@ -59,9 +59,12 @@ def log_lines():
 
     from utils.logging import LOGGER
 
+    from utils.logging import ProjectFormatter
+
     lines = []
     handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
+    handler.setFormatter(ProjectFormatter())
+    handler.emit = lambda record: lines.append(handler.format(record))
     LOGGER.addHandler(handler)
     yield lines
     LOGGER.removeHandler(handler)

@@ -156,7 +156,7 @@ def test_corrupt_resume_checkpoint_gives_clear_error(tmp_path):
 
 def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_path, log_lines):
     run_dir = train_run(tmp_path, shapes_data, tiny_cfg, imgsz=70, epochs=1, noplots=True)
-    assert "WARNING --imgsz 70 must be a multiple of max stride 32, updating to 96" in "\n".join(log_lines)
+    assert "WARNING ⚠️ --imgsz 70 must be a multiple of max stride 32, updating to 96" in "\n".join(log_lines)
     assert "Image sizes 96 train, 96 val" in "\n".join(log_lines)
     assert len(results_rows(run_dir)) == 1
 

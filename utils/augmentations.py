@@ -10,6 +10,8 @@ import math
 
 import cv2
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 PAD_COLOUR = (114, 114, 114)  # YOLOv5's letterbox / mosaic fill grey
 
@@ -273,3 +275,14 @@ def mixup(im, labels, im2, labels2, rng):
     r = rng.beta(32.0, 32.0)
     blended = cv2.addWeighted(im, r, im2, 1.0 - r, 0.0)
     return blended, np.concatenate((labels, labels2), 0)
+
+
+def random_rescale(imgs: torch.Tensor, imgsz: int, grid_size: int, seed: int, epoch: int, i: int) -> torch.Tensor:
+    """Multi-scale: resize the batch to a size in [0.5, 1.5]·imgsz drawn from (seed, epoch, batch)."""
+    rng = np.random.default_rng([seed, epoch, i, 1])
+    size = int(rng.integers(int(imgsz * 0.5), int(imgsz * 1.5) + grid_size)) // grid_size * grid_size
+    factor = size / max(imgs.shape[2:])
+    if factor == 1:
+        return imgs
+    new_shape = [math.ceil(x * factor / grid_size) * grid_size for x in imgs.shape[2:]]
+    return F.interpolate(imgs, size=new_shape, mode="bilinear", align_corners=False)

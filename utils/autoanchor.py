@@ -94,7 +94,7 @@ def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640, seed: int 
     jitter = rng.uniform(0.9, 1.1, size=(len(dataset.shapes), 1))
     wh = dataset_box_sizes(dataset, imgsz, jitter)
     if not len(wh):
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ no labels in the data set, anchors left as they are")
+        LOGGER.warning(f"{PREFIX}no labels in the data set, anchors left as they are")
         return False
 
     stride = detect.stride.to(detect.anchors.device).view(-1, 1, 1)
@@ -212,11 +212,11 @@ def kmean_anchors(dataset, n: int = 9, img_size: int = 640, thr: float = 4.0, ge
         raise UserError("cannot compute anchors: the data set has no labels")
     small = int((wh_all < SMALL_BOX_PIXELS).any(1).sum())
     if small:
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ extremely small objects: {small} of {len(wh_all)} labels "
+        LOGGER.warning(f"{PREFIX}extremely small objects: {small} of {len(wh_all)} labels "
                        f"are under {SMALL_BOX_PIXELS:g} pixels at image size {img_size}")
     wh = wh_all[(wh_all >= MIN_BOX_PIXELS).any(1)]
     if len(wh) < len(wh_all):
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ ignoring {len(wh_all) - len(wh)} labels under "
+        LOGGER.warning(f"{PREFIX}ignoring {len(wh_all) - len(wh)} labels under "
                        f"{MIN_BOX_PIXELS:g} pixels on both sides for k-means")
     if not len(wh):
         raise UserError(f"cannot compute anchors: every label is under {MIN_BOX_PIXELS:g} pixels "
@@ -236,7 +236,7 @@ def _initial_anchors(wh: np.ndarray, n: int, img_size: int, rng: np.random.Gener
     if n <= len(np.unique(wh, axis=0)) and (spread > 0).all():
         LOGGER.info(f"{PREFIX}running k-means for {n} anchors on {len(wh)} points...")
         return kmeans(wh / spread, n, rng) * spread
-    LOGGER.warning(f"{PREFIX}WARNING ⚠️ k-means needs {n} distinct box sizes, found fewer; "
+    LOGGER.warning(f"{PREFIX}k-means needs {n} distinct box sizes, found fewer; "
                    "using random initial anchors")
     return np.sort(rng.random(n * 2)).reshape(n, 2) * img_size
 

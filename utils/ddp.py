@@ -2,6 +2,7 @@
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,16 @@ def barrier(info: DistInfo) -> None:
     """Wait for every rank (no-op without DDP)."""
     if info.enabled and dist.is_initialized():
         dist.barrier()
+
+
+@contextmanager
+def rank_zero_first(info: DistInfo):
+    """Run the block on rank 0 first (e.g. to build a cache), then on the other ranks."""
+    if not info.is_main:
+        barrier(info)
+    yield
+    if info.is_main:
+        barrier(info)
 
 
 def broadcast_object(obj, info: DistInfo, src: int = 0):

@@ -10,6 +10,7 @@ Fitness is ``0.1 * mAP50 + 0.9 * mAP50-95``.
 import csv
 import io
 import math
+from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
@@ -230,3 +231,28 @@ def plot_evolve(evolve_csv) -> Path:
     atomic_write_bytes(out, buffer.getvalue())
     LOGGER.info(f"{PREFIX}saved {out}")
     return out
+
+
+def evolve(hyp: dict, opt, train_fn) -> None:
+    """Hyperparameter evolution: ``opt.evolve`` generations, each ``train_fn(trial_hyp, trial_opt)``.
+
+    ``train_fn`` returns YOLOv5's results tuple; rows go to ``opt.save_dir/evolve.csv`` and a
+    continued search (same folder) numbers its generations on.
+    """
+    save_dir = Path(opt.save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    evolve_csv = save_dir / "evolve.csv"
+    opt.noval, opt.nosave, opt.noplots = True, True, True
+    base = deepcopy(hyp)
+    done_before = len(read_evolve_csv(evolve_csv)[1])
+    for generation in range(done_before, done_before + opt.evolve):
+        trial = mutate_hyp(base, evolve_csv, generation_rng(opt.seed, evolve_csv))
+        trial_opt = deepcopy(opt)
+        trial_opt.save_dir = str(save_dir / f"gen{generation}")
+        results = train_fn(deepcopy(trial), trial_opt)
+        append_evolve_row(evolve_csv, RESULT_KEYS, results, trial)
+        LOGGER.info(f"Generation {generation + 1} ({generation - done_before + 1}/{opt.evolve} of this run) "
+                    f"done: {results}")
+    best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
+    plot_evolve(evolve_csv)
+    LOGGER.info(f"Hyperparameter evolution finished; best hyperparameters in {save_dir / 'hyp_evolve.yaml'}")

@@ -1,20 +1,29 @@
 """Project logger and terminal colouring (rank-aware: only rank 0 logs at INFO)."""
 
 import logging
-import os
 import sys
+
+from utils.ddp import dist_info_from_env
 
 LOGGING_NAME = "ffca"
 
 
+class ProjectFormatter(logging.Formatter):
+    """Plain messages; warnings and errors get one prefix, so no call site types its own."""
+
+    PREFIXES = {logging.WARNING: "WARNING ⚠️ ", logging.ERROR: "ERROR: ", logging.CRITICAL: "ERROR: "}
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.PREFIXES.get(record.levelno, "") + record.getMessage()
+
+
 def _make_logger(name: str = LOGGING_NAME) -> logging.Logger:
-    rank = int(os.getenv("RANK", -1))
     logger = logging.getLogger(name)
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(ProjectFormatter())
         logger.addHandler(handler)
-    logger.setLevel(logging.INFO if rank in (-1, 0) else logging.WARNING)
+    logger.setLevel(logging.INFO if dist_info_from_env().is_main else logging.WARNING)
     logger.propagate = False
     return logger
 

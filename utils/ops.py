@@ -37,7 +37,7 @@ def check_img_size(imgsz, stride=32, floor=0):
     else:
         raise UserError(f"--imgsz {imgsz!r}: expected an integer or a list of integers")
     if new_size != imgsz and list(np.atleast_1d(new_size)) != list(np.atleast_1d(imgsz)):
-        LOGGER.warning(f"WARNING --imgsz {imgsz} must be a multiple of max stride {int(stride)}, "
+        LOGGER.warning(f"--imgsz {imgsz} must be a multiple of max stride {int(stride)}, "
                        f"updating to {new_size}")
     return new_size
 
@@ -185,7 +185,7 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
         keep = torchvision.ops.batched_nms(det[:, :4], det[:, 4], offsets.long(), iou_thres)
         output[xi] = det[keep[:max_det]]
         if time.time() - start > time_limit:
-            LOGGER.warning(f"WARNING NMS time limit {time_limit:.3f}s exceeded after {xi + 1}/{bs} images; "
+            LOGGER.warning(f"NMS time limit {time_limit:.3f}s exceeded after {xi + 1}/{bs} images; "
                            "raise --conf-thres or lower --max-det to speed it up")
             break
     return [o.to(device) for o in output]
