@@ -1,5 +1,6 @@
 """Data sets and loaders: per-file verdicts, label cache, image formats, determinism, sharding, sources."""
 
+import os
 import random
 from pathlib import Path
 
@@ -9,18 +10,13 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from utils import dataloaders as dl
+from utils import image_cache, label_cache
 from utils.augmentations import letterbox
-from utils.dataloaders import (
-    DeterministicBatchSampler,
-    LoadImages,
-    LoadImagesAndLabels,
-    apply_orientation,
-    create_dataloader,
-    img2label_paths,
-    read_image,
-)
+from utils.dataloaders import LoadImagesAndLabels, create_dataloader
 from utils.errors import UserError
+from utils.image_io import apply_orientation, img2label_paths, read_image
+from utils.sampling import DeterministicBatchSampler
+from utils.sources import LoadImages
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
@@ -149,8 +145,8 @@ def test_missing_source_and_folder_without_images_are_user_errors(tmp_path):
 
 
 def test_img2label_paths_replaces_the_last_images_folder():
-    p = "/data/images/set/images/train/a.b.jpg".replace("/", dl.os.sep)
-    assert img2label_paths([p]) == ["/data/images/set/labels/train/a.b.txt".replace("/", dl.os.sep)]
+    p = "/data/images/set/images/train/a.b.jpg".replace("/", os.sep)
+    assert img2label_paths([p]) == ["/data/images/set/labels/train/a.b.txt".replace("/", os.sep)]
 
 
 # ---------------------------------------------------------------- formats and orientation
@@ -222,7 +218,7 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
     def no_scan(*args, **kwargs):
         raise AssertionError("scanned although the cache is valid")
 
-    monkeypatch.setattr(dl, "_scan", no_scan)
+    monkeypatch.setattr(label_cache, "_scan", no_scan)
     again = LoadImagesAndLabels(str(images), img_size=64, nc=3)
     assert again.cache_hash == ds.cache_hash and len(again) == 4
     monkeypatch.undo()
@@ -238,7 +234,7 @@ def test_class_check_uses_the_cache_without_rescanning(tmp_path, monkeypatch, lo
     images = make_dataset(tmp_path, n=4)
     (tmp_path / "labels" / "train" / "im3.txt").write_text("0 0.5 0.5 0.2 0.2\n5 0.5 0.5 0.1 0.1\n")
     assert len(LoadImagesAndLabels(str(images), img_size=64)) == 4  # no nc: every class id is accepted
-    monkeypatch.setattr(dl, "_scan", lambda *a: pytest.fail("rescanned for a different nc"))
+    monkeypatch.setattr(label_cache, "_scan", lambda *a: pytest.fail("rescanned for a different nc"))
     checked = LoadImagesAndLabels(str(images), img_size=64, nc=3)
     assert len(checked) == 3 and str(images / "im3.jpg") not in checked.im_files
     assert any("im3.txt:2: class id 5 is not below nc=3" in m for m in log_lines)
@@ -256,7 +252,7 @@ def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, damage):
         cache.write_bytes(b"\x00not a cache at all" * 10)
     else:  # an object array can only be read by unpickling: must be refused
         with open(cache, "wb") as f:
-            np.savez(f, version=np.array(dl.CACHE_VERSION), key=np.array(first.cache_hash),
+            np.savez(f, version=np.array(label_cache.CACHE_VERSION), key=np.array(first.cache_hash),
                      im_files=np.array([object()], dtype=object))
     rebuilt = LoadImagesAndLabels(str(images), img_size=64)
     assert len(rebuilt) == 3 and rebuilt.cache_hash == first.cache_hash
@@ -331,7 +327,7 @@ def test_ram_cache_gives_identical_samples_and_is_refused_when_memory_is_short(t
         cached[(key, 9, 0)]
     assert all(np.array_equal(a, b) for a, b in zip(before, cached.ims))  # augmentation never writes into the cache
 
-    monkeypatch.setattr(dl, "_available_memory", lambda: 1000)
+    monkeypatch.setattr(image_cache, "_available_memory", lambda: 1000)
     refused = LoadImagesAndLabels(str(images), img_size=64, cache_images="ram")
     assert all(im is None for im in refused.ims)
     assert any("--cache ram needs" in m for m in log_lines)
