@@ -81,6 +81,34 @@ def test_label_just_beyond_one_is_clipped_and_duplicates_removed(tmp_path, log_l
     assert "1 duplicate" in [m for m in log_lines if "usable images" in m][-1]
 
 
+def test_zero_size_boxes_are_dropped_with_file_and_line(tmp_path, log_lines):
+    images = make_dataset(tmp_path, n=3)
+    lb0, lb1 = tmp_path / "labels" / "train" / "im0.txt", tmp_path / "labels" / "train" / "im1.txt"
+    lb0.write_text("0 0.5 0.5 0.3 0.4\n0 0.5 0.5 0 0\n2 0.2 0.3 0.1 0\n1 0.7 0.7 0 0.2\n")
+    lb1.write_text("1 0.4 0.4 0 0\n")
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert len(ds) == 3  # the images stay; only the boxes go
+    np.testing.assert_allclose(ds.labels[0], [[0, 0.5, 0.5, 0.3, 0.4]], atol=1e-6)
+    assert ds.labels[1].shape == (0, 5)  # its only box was zero-size: now a background image
+    for lb, line in [(lb0, 2), (lb0, 3), (lb0, 4), (lb1, 1)]:
+        msgs = warnings_about(log_lines, f"{lb}:{line}:")
+        assert len(msgs) == 1 and "zero-size box" in msgs[0] and "dropped" in msgs[0], (lb, line)
+    assert not warnings_about(log_lines, f"{lb0}:1:")
+    img, targets, *_ = ds[0]
+    assert targets.shape == (1, 6) and (targets[:, 4:] > 0).all()
+
+
+def test_zero_size_boxes_are_dropped_when_loading_from_the_cache(tmp_path, monkeypatch, log_lines):
+    images = make_dataset(tmp_path, n=2)
+    (tmp_path / "labels" / "train" / "im0.txt").write_text("0 0.5 0.5 0.3 0.4\n1 0.5 0.5 0.2 0\n")
+    first = LoadImagesAndLabels(str(images), img_size=64)
+    log_lines.clear()
+    monkeypatch.setattr(label_cache, "_scan", lambda *a: pytest.fail("rescanned although the cache is valid"))
+    again = LoadImagesAndLabels(str(images), img_size=64)
+    assert [len(lb) for lb in again.labels] == [len(lb) for lb in first.labels] == [1, 2]
+    assert any("im0.txt:2: zero-size box" in m for m in log_lines)  # reported on every load, like other verdicts
+
+
 def test_missing_and_empty_labels_are_background_images(tmp_path, log_lines):
     images = make_dataset(tmp_path, n=3)
     (tmp_path / "labels" / "train" / "im0.txt").unlink()
@@ -228,6 +256,41 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
     changed = LoadImagesAndLabels(str(images), img_size=64, nc=3)
     assert changed.cache_hash != ds.cache_hash
     np.testing.assert_allclose(changed.labels[0][:, 0], [2, 2])
+
+
+def test_cache_hash_formula_is_unchanged(tmp_path, monkeypatch):
+    """determinism.json records cache_hash: the same files must keep giving the same hash across versions.
+
+    The expected values were computed by the label-cache code before it moved to utils/label_cache.py.
+    """
+    monkeypatch.chdir(tmp_path)
+    files = ["images/train/a.jpg", "images/train/b.jpg", "labels/train/a.txt", "labels/train/b.txt"]
+    for j, f in enumerate(files):
+        Path(f).parent.mkdir(parents=True, exist_ok=True)
+        Path(f).write_bytes(bytes(range(20 + j)))
+        os.utime(f, (1_700_000_000 + j, 1_700_000_000 + j))
+    key = label_cache.label_cache_key(files[:2], files[2:])
+    assert key == "320ffa39c3c6517795a6c0129a7357423cb68a3a4d7dfb12dd6558278e0e5d45"
+    missing = label_cache.label_cache_key(files[:2] + ["images/train/gone.jpg"], files[2:] + ["labels/train/gone.txt"])
+    assert missing == "0cb38247d920f060bc73b2599a6e50d7b190b0d03cc766fd660958eef02fb7c1"
+    os.utime(files[2], (1_700_000_000, 1_700_000_009))
+    assert label_cache.label_cache_key(files[:2], files[2:]) != key  # a touched label file is new data
+
+
+def test_cache_hash_depends_only_on_the_files(tmp_path):
+    images = make_dataset(tmp_path, n=5, size=(60, 120))
+    (tmp_path / "labels" / "train" / "im4.txt").write_text("7 0.5 0.5 0.2 0.2\n")  # skipped when nc=3
+    scanned = LoadImagesAndLabels(str(images), img_size=64)
+    cache = tmp_path / "labels" / "train.cache"
+    variants = [LoadImagesAndLabels(str(images), img_size=64, nc=3),
+                LoadImagesAndLabels(str(images), img_size=96, batch_size=2, rect=True, single_cls=True),
+                LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, seed=9)]
+    cache.unlink()
+    rescanned = LoadImagesAndLabels(str(images), img_size=64)
+    hashes = {ds.cache_hash for ds in [scanned, rescanned, *variants]}
+    assert len(hashes) == 1
+    files = sorted(str(f) for f in images.iterdir())
+    assert hashes == {label_cache.label_cache_key(files, img2label_paths(files))}
 
 
 def test_class_check_uses_the_cache_without_rescanning(tmp_path, monkeypatch, log_lines):
