@@ -1,9 +1,9 @@
 """Label scan and cache: one verdict per image/label pair, post-cache label checks, and the atomic
 ``.npz`` cache of the scan (plain arrays, never unpickled) keyed by ``cache_hash``.
 
-The scan's rules are in docs/data.md. The cache holds everything that does not depend on the
-caller; the class-id check (needs ``nc``) and the zero-size-box check run on every load, so a cache
-written by an older version of these rules is still checked by the current ones.
+The scan's rules are in docs/data.md. The cache holds the per-file verdicts, which depend only on
+the files; the class-id check (needs ``nc``) and the zero-size-box check run on every load, after
+the cache, so neither changes ``cache_hash`` and both apply to caches written before they existed.
 """
 
 import hashlib
