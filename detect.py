@@ -25,13 +25,13 @@ if str(ROOT) not in sys.path:
 
 from models.experimental import attempt_load, tta_forward  # noqa: E402
 from utils.augmentations import letterbox  # noqa: E402
-from utils.dataloaders import LoadImages  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
+from utils.sources import LoadImages  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 CSV_HEADER = ["image", "frame", "class", "name", "confidence", "x1", "y1", "x2", "y2"]

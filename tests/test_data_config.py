@@ -74,6 +74,14 @@ ERRORS = [
     ("missing val", "train: images/train\nnames: [a]\n", "missing key 'val'"),
     ("missing names", "train: images/train\nval: images/val\n", "missing key 'names'"),
     ("nc mismatch", "train: images/train\nval: images/val\nnames: [a, b]\nnc: 3\n", "nc=3 but 'names' has 2"),
+    ("nc fraction", "train: images/train\nval: images/val\nnames: [a, b]\nnc: 2.5\n", "'nc' must be a whole number"),
+    ("nc float", "train: images/train\nval: images/val\nnames: [a, b]\nnc: 2.0\n", "'nc' must be a whole number"),
+    ("nc word", "train: images/train\nval: images/val\nnames: [a, b]\nnc: two\n", "got 'two'"),
+    ("nc bool", "train: images/train\nval: images/val\nnames: [a]\nnc: true\n", "'nc' must be a whole number"),
+    ("nc list", "train: images/train\nval: images/val\nnames: [a, b]\nnc: [2]\n", "'nc' must be a whole number"),
+    ("nc string float", "train: images/train\nval: images/val\nnames: [a, b]\nnc: '2.0'\n", "got '2.0'"),
+    ("nc string mismatch", "train: images/train\nval: images/val\nnames: [a, b]\nnc: '3'\n",
+     "nc=3 but 'names' has 2"),
     ("names gap", "train: images/train\nval: images/val\nnames: {0: a, 2: b}\n", "without gaps"),
     ("names type", "train: images/train\nval: images/val\nnames: 5\n", "'names' must be a non-empty list"),
     ("names keys", "train: images/train\nval: images/val\nnames: {a: x}\n", "keys must be integer"),
@@ -92,6 +100,24 @@ def test_bad_yaml_is_one_clear_user_error(tmp_path, name, text, message):
         check_dataset(yaml_file)
     assert message in str(err.value) and str(yaml_file.resolve()) in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["'2'", '"2"', "' 2 '"])
+def test_numeric_string_nc_is_read_as_a_number_with_a_note(tmp_path, log_lines, value):
+    make_root(tmp_path)
+    yaml_file = write_yaml(tmp_path / "d.yaml", f"train: images/train\nval: images/val\nnames: [a, b]\nnc: {value}\n")
+    data = check_dataset(yaml_file)
+    assert data["nc"] == 2 and type(data["nc"]) is int
+    notes = [m for m in log_lines if "nc" in m]
+    assert len(notes) == 1 and str(yaml_file.resolve()) in notes[0] and "read as the number 2" in notes[0]
+    assert "\n" not in notes[0]
+
+
+def test_integer_nc_gives_no_note(tmp_path, log_lines):
+    make_root(tmp_path)
+    yaml_file = write_yaml(tmp_path / "d.yaml", "train: images/train\nval: images/val\nnames: [a, b]\nnc: 2\n")
+    assert check_dataset(yaml_file)["nc"] == 2
+    assert not [m for m in log_lines if "nc" in m]
 
 
 def test_missing_yaml_and_wrong_suffix_are_user_errors(tmp_path):

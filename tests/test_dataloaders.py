@@ -1,5 +1,6 @@
 """Data sets and loaders: per-file verdicts, label cache, image formats, determinism, sharding, sources."""
 
+import os
 import random
 from pathlib import Path
 
@@ -9,18 +10,13 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from utils import dataloaders as dl
+from utils import image_cache, label_cache
 from utils.augmentations import letterbox
-from utils.dataloaders import (
-    DeterministicBatchSampler,
-    LoadImages,
-    LoadImagesAndLabels,
-    apply_orientation,
-    create_dataloader,
-    img2label_paths,
-    read_image,
-)
+from utils.dataloaders import LoadImagesAndLabels, create_dataloader
 from utils.errors import UserError
+from utils.image_io import apply_orientation, img2label_paths, read_image
+from utils.sampling import DeterministicBatchSampler
+from utils.sources import LoadImages
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
@@ -83,6 +79,34 @@ def test_label_just_beyond_one_is_clipped_and_duplicates_removed(tmp_path, log_l
     assert any(f"{lb}:2:" in m and "clipped" in m for m in log_lines)
     assert any(f"{lb}:3: duplicate row removed" in m for m in log_lines)
     assert "1 duplicate" in [m for m in log_lines if "usable images" in m][-1]
+
+
+def test_zero_size_boxes_are_dropped_with_file_and_line(tmp_path, log_lines):
+    images = make_dataset(tmp_path, n=3)
+    lb0, lb1 = tmp_path / "labels" / "train" / "im0.txt", tmp_path / "labels" / "train" / "im1.txt"
+    lb0.write_text("0 0.5 0.5 0.3 0.4\n0 0.5 0.5 0 0\n2 0.2 0.3 0.1 0\n1 0.7 0.7 0 0.2\n")
+    lb1.write_text("1 0.4 0.4 0 0\n")
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert len(ds) == 3  # the images stay; only the boxes go
+    np.testing.assert_allclose(ds.labels[0], [[0, 0.5, 0.5, 0.3, 0.4]], atol=1e-6)
+    assert ds.labels[1].shape == (0, 5)  # its only box was zero-size: now a background image
+    for lb, line in [(lb0, 2), (lb0, 3), (lb0, 4), (lb1, 1)]:
+        msgs = warnings_about(log_lines, f"{lb}:{line}:")
+        assert len(msgs) == 1 and "zero-size box" in msgs[0] and "dropped" in msgs[0], (lb, line)
+    assert not warnings_about(log_lines, f"{lb0}:1:")
+    img, targets, *_ = ds[0]
+    assert targets.shape == (1, 6) and (targets[:, 4:] > 0).all()
+
+
+def test_zero_size_boxes_are_dropped_when_loading_from_the_cache(tmp_path, monkeypatch, log_lines):
+    images = make_dataset(tmp_path, n=2)
+    (tmp_path / "labels" / "train" / "im0.txt").write_text("0 0.5 0.5 0.3 0.4\n1 0.5 0.5 0.2 0\n")
+    first = LoadImagesAndLabels(str(images), img_size=64)
+    log_lines.clear()
+    monkeypatch.setattr(label_cache, "_scan", lambda *a: pytest.fail("rescanned although the cache is valid"))
+    again = LoadImagesAndLabels(str(images), img_size=64)
+    assert [len(lb) for lb in again.labels] == [len(lb) for lb in first.labels] == [1, 2]
+    assert any("im0.txt:2: zero-size box" in m for m in log_lines)  # reported on every load, like other verdicts
 
 
 def test_missing_and_empty_labels_are_background_images(tmp_path, log_lines):
@@ -149,8 +173,8 @@ def test_missing_source_and_folder_without_images_are_user_errors(tmp_path):
 
 
 def test_img2label_paths_replaces_the_last_images_folder():
-    p = "/data/images/set/images/train/a.b.jpg".replace("/", dl.os.sep)
-    assert img2label_paths([p]) == ["/data/images/set/labels/train/a.b.txt".replace("/", dl.os.sep)]
+    p = "/data/images/set/images/train/a.b.jpg".replace("/", os.sep)
+    assert img2label_paths([p]) == ["/data/images/set/labels/train/a.b.txt".replace("/", os.sep)]
 
 
 # ---------------------------------------------------------------- formats and orientation
@@ -222,7 +246,7 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
     def no_scan(*args, **kwargs):
         raise AssertionError("scanned although the cache is valid")
 
-    monkeypatch.setattr(dl, "_scan", no_scan)
+    monkeypatch.setattr(label_cache, "_scan", no_scan)
     again = LoadImagesAndLabels(str(images), img_size=64, nc=3)
     assert again.cache_hash == ds.cache_hash and len(again) == 4
     monkeypatch.undo()
@@ -234,11 +258,46 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
     np.testing.assert_allclose(changed.labels[0][:, 0], [2, 2])
 
 
+def test_cache_hash_formula_is_unchanged(tmp_path, monkeypatch):
+    """determinism.json records cache_hash: the same files must keep giving the same hash across versions.
+
+    The expected values were computed by the label-cache code before it moved to utils/label_cache.py.
+    """
+    monkeypatch.chdir(tmp_path)
+    files = ["images/train/a.jpg", "images/train/b.jpg", "labels/train/a.txt", "labels/train/b.txt"]
+    for j, f in enumerate(files):
+        Path(f).parent.mkdir(parents=True, exist_ok=True)
+        Path(f).write_bytes(bytes(range(20 + j)))
+        os.utime(f, (1_700_000_000 + j, 1_700_000_000 + j))
+    key = label_cache.label_cache_key(files[:2], files[2:])
+    assert key == "320ffa39c3c6517795a6c0129a7357423cb68a3a4d7dfb12dd6558278e0e5d45"
+    missing = label_cache.label_cache_key(files[:2] + ["images/train/gone.jpg"], files[2:] + ["labels/train/gone.txt"])
+    assert missing == "0cb38247d920f060bc73b2599a6e50d7b190b0d03cc766fd660958eef02fb7c1"
+    os.utime(files[2], (1_700_000_000, 1_700_000_009))
+    assert label_cache.label_cache_key(files[:2], files[2:]) != key  # a touched label file is new data
+
+
+def test_cache_hash_depends_only_on_the_files(tmp_path):
+    images = make_dataset(tmp_path, n=5, size=(60, 120))
+    (tmp_path / "labels" / "train" / "im4.txt").write_text("7 0.5 0.5 0.2 0.2\n")  # skipped when nc=3
+    scanned = LoadImagesAndLabels(str(images), img_size=64)
+    cache = tmp_path / "labels" / "train.cache"
+    variants = [LoadImagesAndLabels(str(images), img_size=64, nc=3),
+                LoadImagesAndLabels(str(images), img_size=96, batch_size=2, rect=True, single_cls=True),
+                LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, seed=9)]
+    cache.unlink()
+    rescanned = LoadImagesAndLabels(str(images), img_size=64)
+    hashes = {ds.cache_hash for ds in [scanned, rescanned, *variants]}
+    assert len(hashes) == 1
+    files = sorted(str(f) for f in images.iterdir())
+    assert hashes == {label_cache.label_cache_key(files, img2label_paths(files))}
+
+
 def test_class_check_uses_the_cache_without_rescanning(tmp_path, monkeypatch, log_lines):
     images = make_dataset(tmp_path, n=4)
     (tmp_path / "labels" / "train" / "im3.txt").write_text("0 0.5 0.5 0.2 0.2\n5 0.5 0.5 0.1 0.1\n")
     assert len(LoadImagesAndLabels(str(images), img_size=64)) == 4  # no nc: every class id is accepted
-    monkeypatch.setattr(dl, "_scan", lambda *a: pytest.fail("rescanned for a different nc"))
+    monkeypatch.setattr(label_cache, "_scan", lambda *a: pytest.fail("rescanned for a different nc"))
     checked = LoadImagesAndLabels(str(images), img_size=64, nc=3)
     assert len(checked) == 3 and str(images / "im3.jpg") not in checked.im_files
     assert any("im3.txt:2: class id 5 is not below nc=3" in m for m in log_lines)
@@ -256,7 +315,7 @@ def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, damage):
         cache.write_bytes(b"\x00not a cache at all" * 10)
     else:  # an object array can only be read by unpickling: must be refused
         with open(cache, "wb") as f:
-            np.savez(f, version=np.array(dl.CACHE_VERSION), key=np.array(first.cache_hash),
+            np.savez(f, version=np.array(label_cache.CACHE_VERSION), key=np.array(first.cache_hash),
                      im_files=np.array([object()], dtype=object))
     rebuilt = LoadImagesAndLabels(str(images), img_size=64)
     assert len(rebuilt) == 3 and rebuilt.cache_hash == first.cache_hash
@@ -331,7 +390,7 @@ def test_ram_cache_gives_identical_samples_and_is_refused_when_memory_is_short(t
         cached[(key, 9, 0)]
     assert all(np.array_equal(a, b) for a, b in zip(before, cached.ims))  # augmentation never writes into the cache
 
-    monkeypatch.setattr(dl, "_available_memory", lambda: 1000)
+    monkeypatch.setattr(image_cache, "_available_memory", lambda: 1000)
     refused = LoadImagesAndLabels(str(images), img_size=64, cache_images="ram")
     assert all(im is None for im in refused.ims)
     assert any("--cache ram needs" in m for m in log_lines)

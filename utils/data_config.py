@@ -8,6 +8,7 @@ set when it is missing; a ``download:`` key is never executed.
 """
 
 import importlib.util
+import numbers
 from pathlib import Path
 
 from utils.errors import UserError
@@ -33,6 +34,20 @@ def _parse_names(names, yaml_file) -> list:
     if not isinstance(names, list) or not names:
         raise UserError(f"{yaml_file}: 'names' must be a non-empty list or an {{id: name}} mapping, got {names!r}")
     return [str(n) for n in names]
+
+
+def _parse_nc(nc, yaml_file):
+    """The optional ``nc`` as an int (None when absent). A string of digits such as "2" is read as that
+    number with a note; anything else (a fraction, a bool, a word, a list) is a UserError."""
+    if nc is None:
+        return None
+    if isinstance(nc, numbers.Integral) and not isinstance(nc, bool):  # bool is an int subclass: nc: true is no count
+        return int(nc)
+    if isinstance(nc, str) and nc.strip().isascii() and nc.strip().isdigit():
+        LOGGER.warning(f"{yaml_file}: nc is the string {nc!r}; read as the number {int(nc)} (write nc: {int(nc)})")
+        return int(nc)
+    raise UserError(f"{yaml_file}: 'nc' must be a whole number (the number of names), got {nc!r}; "
+                    f"write e.g. nc: 2 or leave it out")
 
 
 def _resolve_root(root, yaml_file: Path) -> Path:
@@ -113,8 +128,9 @@ def check_dataset(path) -> dict:
         if data.get(key) in (None, ""):
             raise UserError(f"{yaml_file}: missing key '{key}' (see docs/data.md for the data set YAML schema)")
     names = _parse_names(data["names"], yaml_file)
-    if data.get("nc") is not None and data["nc"] != len(names):
-        raise UserError(f"{yaml_file}: nc={data['nc']} but 'names' has {len(names)} entries; make them agree")
+    nc = _parse_nc(data.get("nc"), yaml_file)
+    if nc is not None and nc != len(names):
+        raise UserError(f"{yaml_file}: nc={nc} but 'names' has {len(names)} entries; make them agree")
     root = _resolve_root(data.get("path"), yaml_file)
     data.update(path=str(root), nc=len(names), names=names, yaml_file=str(yaml_file))
     for key in SPLITS:

@@ -1,0 +1,144 @@
+"""Decoded training images, read on demand or cached (``--cache ram`` / ``--cache disk``).
+
+A cached image is the one samples are built from (shrunk to ``img_size`` when larger, never
+enlarged), so cached and uncached training give bit-identical batches.
+"""
+
+import contextlib
+import io
+import math
+import os
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from utils.errors import UserError
+from utils.files import atomic_write_bytes
+from utils.image_io import NUM_THREADS, read_image
+from utils.logging import LOGGER
+
+
+def cache_mode(cache, prefix="") -> str | None:
+    """The ``--cache`` value as 'ram', 'disk' or None; anything else is a UserError."""
+    if cache in (False, None, "", "false", "False"):
+        return None
+    if cache is True or cache in ("ram", "true", "True"):
+        return "ram"
+    if cache == "disk":
+        return "disk"
+    raise UserError(f"{prefix}--cache {cache!r}: use 'ram' or 'disk' (or leave it off)")
+
+
+def _available_memory() -> int:
+    """Bytes of memory available to new allocations (Linux MemAvailable, else free physical pages)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class ImageCache:
+    """The images of a data set as upright BGR uint8 arrays, indexed like ``im_files``.
+
+    ``shapes`` (N, 2) holds the upright ``(w, h)`` from the scan and ``orientations`` (N,) the EXIF
+    orientations; ``augment`` selects the shrinking interpolation (linear for training, area otherwise).
+    """
+
+    def __init__(self, im_files, shapes, orientations, img_size, augment, mode=None, prefix=""):
+        self.im_files, self.shapes, self.orientations = im_files, shapes, orientations
+        self.img_size, self.augment, self.prefix = img_size, augment, prefix
+        self.n = len(im_files)
+        self.ims = [None] * self.n  # RAM cache of base images (see base_image)
+        self.npy_files = [str(Path(f).with_suffix(".npy")) for f in im_files]
+        self.disk = mode == "disk"
+        if mode == "ram" and self._ram_fits():
+            self._cache_in_ram()
+        if self.disk:
+            self._cache_on_disk()
+
+    def _decode(self, i):
+        """Decode image file i upright as BGR uint8 (h0, w0, 3)."""
+        im = read_image(self.im_files[i], int(self.orientations[i]))
+        if im is None:
+            raise UserError(f"{self.prefix}{self.im_files[i]}: image can no longer be read (changed since the scan?)")
+        return im
+
+    def _read(self, i):
+        """Original image i, upright BGR uint8 (from the .npy disk cache when enabled)."""
+        if self.disk and os.path.isfile(self.npy_files[i]):
+            return np.load(self.npy_files[i], allow_pickle=False)
+        return self._decode(i)
+
+    def resized_shape(self, h0, w0):
+        """(h, w) of an h0 x w0 image scaled so its long side is ``img_size``."""
+        r = self.img_size / max(h0, w0)
+        return (math.ceil(h0 * r), math.ceil(w0 * r)) if r != 1 else (h0, w0)
+
+    def base_image(self, i):
+        """Image i as cached and warped from: shrunk to ``img_size`` when larger, else the original.
+
+        Enlarging is left to the consumer (the mosaic warp does it in its single interpolation), so
+        small images cost no extra memory and cached and uncached samples are bit-identical.
+        """
+        if self.ims[i] is not None:
+            return self.ims[i]
+        im = self._read(i)
+        h0, w0 = im.shape[:2]
+        h, w = self.resized_shape(h0, w0)
+        if h < h0 or w < w0:
+            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR if self.augment else cv2.INTER_AREA)
+        return im
+
+    def load_image(self, i):
+        """Image i resized so its long side is ``img_size`` -> ``(im (h, w, 3) BGR, (h0, w0), (h, w))``.
+
+        The returned array may be the RAM cache itself: callers must not modify it in place.
+        """
+        w0, h0 = (int(v) for v in self.shapes[i])
+        h, w = self.resized_shape(h0, w0)
+        im = self.base_image(i)
+        if im.shape[:2] != (h, w):
+            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
+        return im, (h0, w0), (h, w)
+
+    def mosaic_source(self, i):
+        """Image i as the mosaic wants it: ``(base image, (h, w) after resizing)``; the warp does the rest."""
+        w0, h0 = (int(v) for v in self.shapes[i])
+        return self.base_image(i), self.resized_shape(h0, w0)
+
+    def _ram_fits(self) -> bool:
+        """Estimate the RAM cache from a sample of images; refuse (with a warning) if it would not fit."""
+        sample = np.linspace(0, self.n - 1, min(self.n, 30)).astype(int)
+        per_image = np.mean([self.base_image(i).nbytes for i in sample])
+        need, available = per_image * self.n * 1.1, _available_memory()
+        if need > available:
+            LOGGER.warning(f"{self.prefix}WARNING --cache ram needs {need / 1e9:.1f} GB but only "
+                           f"{available / 1e9:.1f} GB is available; images not cached (try --cache disk)")
+            return False
+        return True
+
+    def _cache_in_ram(self):
+        with ThreadPool(NUM_THREADS) as pool:
+            loaded = pool.imap(self.base_image, range(self.n))
+            desc = f"{self.prefix}Caching images (RAM)"
+            for i, im in enumerate(tqdm(loaded, total=self.n, desc=desc, leave=False)):
+                self.ims[i] = im
+
+    def _write_npy(self, i):
+        """Save image i as .npy beside it unless an up-to-date one exists (atomically)."""
+        npy = Path(self.npy_files[i])
+        if npy.exists() and npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
+            return
+        buf = io.BytesIO()
+        np.save(buf, self._decode(i), allow_pickle=False)
+        atomic_write_bytes(npy, buf.getvalue())
+
+    def _cache_on_disk(self):
+        with ThreadPool(NUM_THREADS) as pool:
+            for _ in tqdm(pool.imap(self._write_npy, range(self.n)), total=self.n,
+                          desc=f"{self.prefix}Caching images (disk)", leave=False):
+                pass
