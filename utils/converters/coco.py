@@ -2,7 +2,8 @@
 
 Source: ``--src`` with ``annotations/*.json`` (or the JSON files directly in it); the split is read from
 each file name (``instances_val2017.json``, ``aitod_train_v1.json``; ``trainval`` files are skipped as
-they repeat train + val). Image files are looked up by ``file_name`` under ``images/SPLIT``, ``SPLIT``,
+they repeat train + val). Image files are looked up by ``file_name`` under ``images/SPLIT``,
+``SPLIT/images`` (AI-TOD's layout), ``SPLIT``,
 ``images``, the JSON name without ``instances_`` (``val2017``) and ``--src`` itself.
 
 - category ids need not be 0..n-1: categories are sorted by id and numbered from 0; the map is written
@@ -75,7 +76,7 @@ def category_map(files: list) -> tuple:
 def image_folders(src: Path, split: str, json_path: Path) -> list:
     """Folders in which an image's ``file_name`` is looked up, in order."""
     stem = json_path.stem.removeprefix("instances_")
-    return [src / "images" / split, src / split, src / "images", src / stem, src]
+    return [src / "images" / split, src / split / "images", src / split, src / "images", src / stem, src]
 
 
 def group_annotations(data: dict, path: Path, writer) -> dict:
