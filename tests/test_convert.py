@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from utils.converters import dota, vedai, visdrone
 from utils.converters import writer as writer_module
 from utils.converters.cli import run as convert_main
 from utils.data_config import check_dataset
@@ -369,3 +370,19 @@ def test_cli_prints_summary_and_one_error_line(tmp_path):
     bad = subprocess.run([sys.executable, script, "dota", "--src", tmp_path / "nope", "--out", tmp_path / "o"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and bad.stderr.startswith("ERROR: --src")
+
+
+# ----------------------------------------------------------------------------- shipped data YAMLs
+@pytest.mark.parametrize("yaml_name, names", [
+    ("VisDrone", visdrone.NAMES),
+    ("DOTA", dota.NAMES["1.0"]),
+    (("VEDAI", [vedai.CODES[c] for c in vedai.FFCA_CODES])),
+    ("AI-TOD", ["airplane", "bridge", "storage-tank", "ship", "swimming-pool", "vehicle", "person", "wind-mill"]),
+])
+def test_shipped_yaml_names_match_the_converter(tmp_path, yaml_name, names):
+    shipped = yaml.safe_load((ROOT / "data" / f"{yaml_name}.yaml").read_text())
+    assert list(shipped["names"].values()) == names and shipped["train"] == "images/train"
+    for split in ("train", "val", "test"):
+        (tmp_path / "images" / split).mkdir(parents=True)
+    shipped["path"] = str(tmp_path)  # the user's --out folder
+    assert check_dataset({**shipped, "yaml_file": str(tmp_path / "x.yaml")})["nc"] == len(names)
