@@ -1,0 +1,73 @@
+"""Chinese documentation stays in step with the English: every command it shows exists in the English."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS = [("README.zh-CN.md", "README.md"), ("docs/datasets.zh-CN.md", "docs/datasets.md"),
+         ("docs/determinism.zh-CN.md", "docs/determinism.md")]
+COMMAND_PREFIXES = ("python ", "pip ", "torchrun ", "docker ")
+ERROR = "adaptive_max_pool2d_backward_cuda does not have a deterministic implementation"
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def commands(markdown: str) -> set:
+    """Shell commands of a Markdown text: fenced lines (continuations joined, comments cut) and inline code."""
+    found = set()
+    for block in re.findall(r"```[a-z]*\n(.*?)```", markdown, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s#\s.*$", "", line).strip()
+            if line.startswith(COMMAND_PREFIXES):
+                found.add(_normal(line))
+    outside = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    found |= {_normal(span) for span in re.findall(r"`([^`\n]+)`", outside) if span.startswith(COMMAND_PREFIXES)}
+    return found
+
+
+def missing_commands(chinese: str, english: str) -> list:
+    """Commands of ``chinese`` that appear neither as a command nor verbatim (whole words) in ``english``."""
+    english_commands, english_text = commands(english), _normal(english)
+    return sorted(c for c in commands(chinese)
+                  if c not in english_commands and not re.search(re.escape(c) + r"(?!\S)", english_text))
+
+
+@pytest.mark.parametrize("chinese, english", PAIRS)
+def test_every_chinese_command_exists_in_the_english(chinese, english):
+    zh, en = (ROOT / chinese).read_text(encoding="utf-8"), (ROOT / english).read_text(encoding="utf-8")
+    assert len(commands(zh)) >= 2  # the checker really found commands
+    assert missing_commands(zh, en) == []
+
+
+def test_checker_reports_a_command_that_drifted():
+    english = "```bash\npython train.py --epochs 300   # train\n```\nUse `python val.py --img 640`.\n"
+    chinese = ("```bash\npython train.py --epochs 300   # 训练\npython train.py --epochs 30\n```\n"
+               "用 `python val.py --img 640` 和 `python detect.py --source x`。\n")
+    assert missing_commands(chinese, english) == ["python detect.py --source x", "python train.py --epochs 30"]
+
+
+def test_every_english_conversion_command_is_in_the_chinese_guide():
+    en = commands((ROOT / "docs" / "datasets.md").read_text(encoding="utf-8"))
+    zh = commands((ROOT / "docs" / "datasets.zh-CN.md").read_text(encoding="utf-8"))
+    steps = {c for c in en if c.startswith(("python data/scripts/convert.py", "python train.py"))}
+    assert len(steps) >= 10 and steps <= zh
+
+
+def test_readmes_link_each_other_and_cover_the_determinism_error():
+    en_head = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:5])
+    zh = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert "(README.zh-CN.md)" in en_head and "(README.md)" in "\n".join(zh.splitlines()[:5])
+    assert ERROR in zh and ERROR in (ROOT / "docs" / "determinism.zh-CN.md").read_text(encoding="utf-8")
+    for mode in ("off", "warn", "scoped", "strict"):
+        assert f"| `{mode}` |" in zh
+
+
+@pytest.mark.parametrize("chinese", [p for p, _ in PAIRS])
+def test_relative_links_resolve(chinese):
+    path = ROOT / chinese
+    for target in re.findall(r"\]\(([^)#:]+)\)", path.read_text(encoding="utf-8")):
+        assert (path.parent / target).exists(), f"{chinese}: link {target} points at nothing"

@@ -1,0 +1,188 @@
+"""Write a converted YOLO data set all or nothing: staging folder, summary, data YAML, then one rename.
+
+Every converter feeds a :class:`DatasetWriter`. Images and label files go into a hidden staging folder
+beside ``--out`` (``.NAME.partial-XXXX``); only when the whole conversion succeeded is that folder
+renamed to ``--out``. An exception or Ctrl-C midway removes the staging folder, so ``--out`` is either
+the previous complete conversion or the new complete one, never half written. Output depends only on
+the input files and options (sorted order, no timestamps), so converting twice gives identical files.
+
+Layout written: ``images/SPLIT/NAME``, ``labels/SPLIT/STEM.txt`` (``class xc yc w h``, normalised, six
+decimals; empty for background images), ``NAME.yaml`` (``path: .``, so the folder can be moved) and
+``conversion.yaml`` (format, options, counts; it also marks the folder as one this tool may replace).
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+
+from utils.errors import UserError
+from utils.logging import LOGGER
+
+MARKER = "conversion.yaml"
+SPLIT_ORDER = ("train", "val", "test")
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse an ``--out`` that holds anything this tool did not write (nothing the user had is replaced)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise UserError(f"--out {out} is not empty and was not written by this converter (no {MARKER}); "
+                        f"choose a new folder or empty it")
+
+
+def yolo_row(cls: int, box, width: int, height: int):
+    """``'cls xc yc w h'`` normalised from pixel ``box`` (x1, y1, x2, y2), clipped to the image.
+
+    Returns None when nothing of the box is left inside the image (zero width or height after clipping).
+    """
+    x1, y1, x2, y2 = (float(v) for v in box)
+    x1, x2 = min(max(x1, 0.0), width), min(max(x2, 0.0), width)
+    y1, y2 = min(max(y1, 0.0), height), min(max(y2, 0.0), height)
+    if x2 - x1 <= 0 or y2 - y1 <= 0:
+        return None
+    xc, yc = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height
+    return f"{cls} {xc:.6f} {yc:.6f} {(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
+
+
+class DatasetWriter:
+    """Collect images and labels into a staging folder; :meth:`publish` makes them ``--out`` in one rename.
+
+    Use as a context manager: leaving the block with an exception deletes the staging folder.
+    """
+
+    def __init__(self, out, fmt: str, options: dict, link: bool = False):
+        self.out = Path(out).resolve()
+        check_out_folder(self.out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.fmt, self.options, self.link = fmt, dict(options), link
+        self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        self.images = Counter()  # split -> images written
+        self.boxes = Counter()  # split -> boxes written
+        self.dropped = Counter()  # reason -> boxes (or rows) not written
+        self.skipped_images = 0
+        self._names = set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        shutil.rmtree(self.stage, ignore_errors=True)  # after publish() it is already renamed away
+        return False
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` boxes (or rows) that were not converted, by reason."""
+        if n:
+            self.dropped[reason] += n
+
+    def bad_row(self, where: str, reason: str) -> None:
+        """Report one malformed annotation row (``where`` = ``file:line``) and count it; the rest goes on."""
+        LOGGER.warning(f"{where}: {reason}; row skipped")
+        self.dropped["malformed row"] += 1
+
+    def skip_image(self, where: str, reason: str) -> None:
+        """Report one image that cannot be converted (missing, unreadable, broken annotation file)."""
+        LOGGER.warning(f"{where}: {reason}; image skipped")
+        self.skipped_images += 1
+
+    def add(self, split: str, src_image: Path, name: str, rows: list, pixels: np.ndarray | None = None) -> None:
+        """Write one image (a copy of ``src_image``, or ``pixels`` encoded in its format) and its label rows."""
+        if split not in SPLIT_ORDER:
+            raise ValueError(f"unknown split {split!r}")
+        key = (split, Path(name).stem)
+        if key in self._names:
+            raise UserError(f"{src_image}: a second image named {Path(name).stem!r} in split '{split}'; "
+                            f"rename one of them (labels are matched to images by file name)")
+        self._names.add(key)
+        image_dst = self.stage / "images" / split / name
+        label_dst = self.stage / "labels" / split / f"{Path(name).stem}.txt"
+        image_dst.parent.mkdir(parents=True, exist_ok=True)
+        label_dst.parent.mkdir(parents=True, exist_ok=True)
+        self._write_image(src_image, image_dst, pixels)
+        label_dst.write_text("".join(f"{r}\n" for r in rows))
+        self.images[split] += 1
+        self.boxes[split] += len(rows)
+
+    def _write_image(self, src: Path, dst: Path, pixels) -> None:
+        """Copy (or hard-link with ``--link``) the source image; encode ``pixels`` when it was edited."""
+        if pixels is not None:
+            params = [cv2.IMWRITE_JPEG_QUALITY, 95] if dst.suffix.lower() in (".jpg", ".jpeg") else []
+            ok, buf = cv2.imencode(dst.suffix, pixels, params)
+            if not ok:
+                raise UserError(f"{src}: cannot encode the edited image as {dst.suffix}")
+            dst.write_bytes(buf.tobytes())
+        elif self.link:
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system: fall back to a copy
+                shutil.copyfile(src, dst)
+        else:
+            shutil.copyfile(src, dst)
+
+    def summary(self) -> str:
+        """One line: images per split, boxes, boxes dropped and why."""
+        splits = ", ".join(f"{s} {self.images[s]}" for s in SPLIT_ORDER if self.images[s])
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(self.dropped.items()))
+        n_drop = sum(self.dropped.values())
+        skipped = f", {self.skipped_images} images skipped" if self.skipped_images else ""
+        return (f"{self.fmt}: {sum(self.images.values())} images ({splits or 'none'}){skipped}, "
+                f"{sum(self.boxes.values())} boxes, {n_drop} dropped" + (f" ({reasons})" if reasons else ""))
+
+    def publish(self, yaml_name: str, names: list, extra_files: dict | None = None) -> Path:
+        """Write the data YAML, ``conversion.yaml`` and ``extra_files`` (name -> dict), then swap into ``--out``.
+
+        Returns the data YAML's final path. A conversion without images is a UserError.
+        """
+        if not sum(self.images.values()):
+            raise UserError(f"{self.fmt}: no images were converted from the source folder; check --src "
+                            f"(the expected layout is in docs/datasets.md)")
+        data = {"path": ".", **self._split_entries(), "names": dict(enumerate(names))}
+        self._dump(f"{yaml_name}.yaml", data)
+        for file_name, content in (extra_files or {}).items():
+            self._dump(file_name, content)
+        self._dump(MARKER, {"format": self.fmt, "options": self.options,
+                            "images": {s: self.images[s] for s in SPLIT_ORDER if self.images[s]},
+                            "boxes": {s: self.boxes[s] for s in SPLIT_ORDER if self.images[s]},
+                            "dropped": dict(sorted(self.dropped.items())), "images_skipped": self.skipped_images,
+                            "names": list(names)})
+        self._swap_into_place()
+        yaml_path = self.out / f"{yaml_name}.yaml"
+        LOGGER.info(f"{self.summary()} -> {yaml_path}")
+        return yaml_path
+
+    def _split_entries(self) -> dict:
+        """``train``/``val``/``test`` keys of the data YAML; without a val split, val is the train split."""
+        entries = {s: f"images/{s}" for s in SPLIT_ORDER if self.images[s]}
+        if "train" not in entries:
+            raise UserError(f"{self.fmt}: no training images were found in the source; check --src")
+        if "val" not in entries:
+            LOGGER.warning(f"{self.fmt}: the source has no validation split; the data YAML validates on the "
+                           f"training images (edit 'val:' once you have a held-out set)")
+            entries["val"] = entries["train"]
+        return entries
+
+    def _dump(self, file_name: str, content: dict) -> None:
+        (self.stage / file_name).write_text(yaml.safe_dump(content, sort_keys=False, allow_unicode=True))
+
+    def _swap_into_place(self) -> None:
+        """Rename the staging folder to ``--out``; a previous conversion there is moved aside, then deleted."""
+        old = None
+        if self.out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.old-", dir=self.out.parent))
+            os.replace(self.out, old / "previous")
+        try:
+            os.replace(self.stage, self.out)
+        except BaseException:
+            if old is not None:  # put the previous conversion back
+                with contextlib.suppress(OSError):
+                    os.replace(old / "previous", self.out)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
