@@ -98,7 +98,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=30, help="epochs per model (same for all)")
     p.add_argument("--imgsz", type=int, default=160, help="train/val image size (the data is 160 px)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--n-train", type=int, default=128, help="generated training images")
+    p.add_argument("--n-train", type=int, default=256, help="generated training images")
     p.add_argument("--n-val", type=int, default=64, help="generated validation images")
     p.add_argument("--hyp", type=Path, default=ROOT / "data" / "hyps" / "hyp.scratch-low.yaml")
     p.add_argument("--workers", type=int, default=2)
