@@ -1,10 +1,15 @@
 """FFCA-YOLO modules (Zhang et al., IEEE TGRS 2024): FEM, FFM, SCAM and C3_Faster.
 
-Class names match FFCA-YOLO's published YAML files so they parse unchanged. Two deliberate
+Class names match FFCA-YOLO's published YAML files so they parse unchanged. Three deliberate
 differences from the widely copied implementation:
 
 * FFM multiplies weight ``c`` with channel ``c`` (the upstream ``.view(N, H, W, C)`` on an NCHW
   tensor scales the wrong elements);
+* FFM normalises its per-channel weights to mean 1 (``C * w / sum(w)``), not to sum 1: with sum 1
+  every channel is scaled by ``1/C`` (1/64 to 1/160 in FFCA-YOLO-n), which puts the next
+  BatchNorm's input variance (~1e-5) far below its eps (1e-3), so that BatchNorm no longer
+  normalises and its output starts at ~0.09 std (docs/accuracy.md). The relative channel weights,
+  the parameters and their count are unchanged;
 * SCAM's global pools use ``mean``/``amax`` over H, W, whose CUDA backward is deterministic,
   instead of ``nn.AdaptiveMaxPool2d``, which breaks ``torch.use_deterministic_algorithms(True)``.
 """
@@ -73,8 +78,9 @@ class FEM(nn.Module):
 class _WeightedConcat(nn.Module):
     """Fast normalised fusion: one learnable weight per input channel, then channel concat.
 
-    ``channels`` are the inputs' channel counts; inputs ``(N, C_k, H, W)`` -> ``(N, sum C_k, H, W)``
-    with channel ``c`` of the concatenation scaled by ``w[c] / (sum(w) + eps)``.
+    ``channels`` are the inputs' channel counts; inputs ``(N, C_k, H, W)`` -> ``(N, C, H, W)``,
+    ``C = sum C_k``, with channel ``c`` of the concatenation scaled by ``C * w[c] / (sum(w) + eps)``:
+    the weights average 1, so at initialisation (all ``w`` equal) FFM is a plain concatenation.
     """
 
     n_inputs = 0
@@ -91,8 +97,8 @@ class _WeightedConcat(nn.Module):
         self.w = nn.Parameter(torch.ones(sum(channels)))
 
     def normalised_weights(self) -> torch.Tensor:
-        """``(sum C_k,)`` weights divided by their sum (+eps)."""
-        return self.w / (self.w.sum() + self.eps)
+        """``(C,)`` weights divided by their mean (sum / C, +eps / C): they average 1."""
+        return self.w * self.w.numel() / (self.w.sum() + self.eps)
 
     def forward(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
         got = [x.shape[1] for x in xs]

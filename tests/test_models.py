@@ -560,7 +560,7 @@ def test_ffm_weights_multiply_their_own_channels(cls, channels):
     cat = torch.cat(xs, 1)
     total = ffm.w.detach().sum() + 1e-4
     for c in range(sum(channels)):
-        torch.testing.assert_close(out[:, c], cat[:, c] * (c + 1) / total)
+        torch.testing.assert_close(out[:, c], cat[:, c] * (c + 1) * sum(channels) / total)
     assert not torch.allclose(out, buggy_view_fusion(xs, ffm.normalised_weights().detach()))
     assert n_params(ffm) == sum(channels)
 
@@ -568,11 +568,29 @@ def test_ffm_weights_multiply_their_own_channels(cls, channels):
 def test_ffm_uniform_weights_and_input_checks():
     ffm = FFM_Concat2([2, 2])
     xs = [torch.ones(1, 2, 3, 3), torch.ones(1, 2, 3, 3)]
-    torch.testing.assert_close(ffm(xs), torch.full((1, 4, 3, 3), 1 / (4 + 1e-4)))
+    torch.testing.assert_close(ffm(xs), torch.full((1, 4, 3, 3), 4 / (4 + 1e-4)))  # equal weights: a plain concat
     with pytest.raises(ValueError, match=r"built for channels \[2, 2\], got \[2, 3\]"):
         ffm([torch.ones(1, 2, 3, 3), torch.ones(1, 3, 3, 3)])
     with pytest.raises(ValueError, match="fuses 2 inputs"):
         FFM_Concat2([1, 2, 3])
+
+
+def test_ffm_keeps_the_next_batchnorm_normalising_at_initialisation():
+    """FFM weights sum to 1 upstream, scaling each channel by 1/C: the next BatchNorm's input variance
+    then falls below its eps and its output starts near 0.09 std instead of 1 (docs/accuracy.md)."""
+    torch.manual_seed(0)
+    model = Model(ROOT / "models" / "ffca-yolo-n.yaml", nc=4).train()
+    ffm_ids = [layer.i for layer in model.model if isinstance(layer, (FFM_Concat2, FFM_Concat3))]
+    assert len(ffm_ids) == 4
+    stds = []
+    hooks = [model.model[i + 1].cv1.bn.register_forward_hook(lambda m, i, o: stds.append(float(o.detach().std())))
+             for i in ffm_ids]
+    model(torch.rand(4, 3, 64, 64))
+    for h in hooks:
+        h.remove()
+    assert len(stds) == 4 and min(stds) > 0.5, stds
+    for i in ffm_ids:
+        torch.testing.assert_close(model.model[i].normalised_weights().mean().item(), 1.0, atol=1e-5, rtol=0)
 
 
 def test_global_pools_equal_adaptive_pools_exactly():

@@ -122,20 +122,18 @@ def _write_split(root: Path, split: str, n: int, seed: int, split_id: int) -> No
         (root / "labels" / split / f"{i:06d}.txt").write_text(rows)
 
 
-def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0) -> Path:
-    """Generate the data set into ``root`` (must not exist or be empty); returns ``root``.
+def build_atomically(root: Path, write) -> None:
+    """Run ``write(tmp)`` on a temporary sibling of ``root`` and rename it into place.
 
-    Builds in a temporary sibling folder and renames it into place, so an interrupted run never
-    leaves a half-written data set that would look complete.
+    ``root`` must not exist or be empty; an interrupted run never leaves a half-written data set
+    that would look complete.
     """
-    root = Path(root).resolve()
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} exists and is not empty; delete it to regenerate the data set")
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        _write_split(tmp, "train", n_train, seed, 0)
-        _write_split(tmp, "val", n_val, seed, 1)
+        write(tmp)
         if root.exists():
             root.rmdir()
         try:
@@ -147,6 +145,13 @@ def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0) -> Path:
+    """Generate the data set into ``root`` (must not exist or be empty); returns ``root``."""
+    root = Path(root).resolve()
+    build_atomically(root, lambda tmp: (_write_split(tmp, "train", n_train, seed, 0),
+                                        _write_split(tmp, "val", n_val, seed, 1)))
     return root
 
 

@@ -1,0 +1,59 @@
+"""Model variants for the small-object accuracy study: ablations of FFCA-YOLO-n built by row swaps.
+
+Each ablation replaces rows of ``models/ffca-yolo-n.yaml`` in place (so layer indices and every
+other row stay the same): FEM -> ``nn.Identity``, SCAM -> ``nn.Identity``, FFM_Concat -> Concat.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from pathlib import Path
+
+from utils.files import yaml_load, yaml_save
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {
+    "yolov5n": ROOT / "models" / "yolov5n.yaml",
+    "yolov5n-p2": ROOT / "benchmarks" / "models" / "yolov5n-p2.yaml",
+    "ffca-yolo-n": ROOT / "models" / "ffca-yolo-n.yaml",
+    "l-ffca-yolo": ROOT / "models" / "l-ffca-yolo.yaml",
+}
+ABLATIONS = {
+    "ffca-yolo-n-noSCAM": {"SCAM": "nn.Identity"},
+    "ffca-yolo-n-noFEM": {"FEM": "nn.Identity"},
+    "ffca-yolo-n-concat": {"FFM_Concat2": "Concat", "FFM_Concat3": "Concat"},
+}
+
+
+def swap_modules(cfg: dict, swaps: dict[str, str]) -> dict:
+    """Copy of a model YAML dict with each row's module renamed by ``swaps`` (identity rows get no args)."""
+    out = deepcopy(cfg)
+    for section in ("backbone", "head"):
+        for row in out[section]:
+            if row[2] in swaps:
+                row[2] = swaps[row[2]]
+                row[3] = [] if row[2] == "nn.Identity" else [1]
+    return out
+
+
+def scaled(cfg: dict, depth: float, width: float) -> dict:
+    """Copy of a model YAML dict with other depth/width multiples (e.g. a reduced-width L-FFCA-YOLO)."""
+    out = deepcopy(cfg)
+    out["depth_multiple"], out["width_multiple"] = depth, width
+    return out
+
+
+def variant_yaml(name: str, out_dir: Path, lffca_scale: tuple[float, float] = (0.33, 0.25)) -> Path:
+    """Write the model YAML for variant ``name`` into ``out_dir`` (or return the repository file)."""
+    if name in ABLATIONS:
+        cfg = swap_modules(yaml_load(MODELS["ffca-yolo-n"]), ABLATIONS[name])
+    elif name == "l-ffca-yolo" and lffca_scale:
+        cfg = scaled(yaml_load(MODELS[name]), *lffca_scale)
+    elif name in MODELS:
+        return MODELS[name]
+    else:
+        raise KeyError(f"unknown variant {name!r}; choose from {sorted(MODELS) + sorted(ABLATIONS)}")
+    path = Path(out_dir) / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    yaml_save(path, cfg)
+    return path

@@ -1,0 +1,93 @@
+"""Generate a very-small-object variant of the shapes data set, offline and deterministic by seed.
+
+Same classes, colours and clutter as ``make_shapes.py`` but smaller images (160 px by default),
+smaller objects (6-24 px) and more of them per image (4-10), so most boxes fall in the
+"very tiny" (< 8 px) and "tiny" (8-16 px) bands where a stride-4 head should matter.
+
+    python data/scripts/make_tiny_shapes.py --root datasets/tiny-shapes --n-train 128 --n-val 64 --seed 0
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_shapes  # noqa: E402  (sibling generator: backgrounds, colours, shapes)
+
+IMG_SIZE = 160
+MIN_SIDE, MAX_SIDE = 6, 24
+OBJECTS_PER_IMAGE = (4, 10)
+NAMES = make_shapes.NAMES
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "datasets" / "tiny-shapes"
+
+
+def make_tiny_image(rng, size=IMG_SIZE):
+    """One image: ``(image (size, size, 3) uint8 BGR, labels (n, 5) [cls, x, y, w, h] normalised)``.
+
+    Object sides are drawn log-uniformly in [MIN_SIDE, MAX_SIDE] so each size band gets a
+    similar share of boxes.
+    """
+    im = make_shapes._background(rng, size)
+    boxes, labels = [], []
+    for _ in range(rng.integers(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1)):
+        cls = int(rng.integers(0, len(NAMES)))
+        side = float(np.exp(rng.uniform(np.log(MIN_SIDE), np.log(MAX_SIDE))))
+        reach = side * 0.75
+        for _attempt in range(20):
+            cx, cy = rng.uniform(reach + 1, size - reach - 1, 2)
+            if not make_shapes._overlaps((cx - reach, cy - reach, cx + reach, cy + reach), boxes, margin=2):
+                break
+        else:
+            continue
+        x1, y1, x2, y2 = np.clip(make_shapes._draw_object(im, rng, cls, cx, cy, side), 0, size)
+        boxes.append((cx - reach, cy - reach, cx + reach, cy + reach))
+        labels.append((cls, (x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size))
+    im += rng.normal(0.0, rng.uniform(4, 12), im.shape).astype(np.float32)
+    return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
+
+
+def _write_split(root: Path, split: str, n: int, seed: int, split_id: int) -> None:
+    (root / "images" / split).mkdir(parents=True)
+    (root / "labels" / split).mkdir(parents=True)
+    for i in range(n):
+        rng = np.random.default_rng([seed, split_id, i, 6])  # one stream per image, distinct from make_shapes
+        im, labels = make_tiny_image(rng)
+        cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), im, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
+        (root / "labels" / split / f"{i:06d}.txt").write_text(rows)
+
+
+def make_tiny_shapes(root=DEFAULT_ROOT, n_train=128, n_val=64, seed=0) -> Path:
+    """Generate the data set into ``root`` (must not exist or be empty) and write ``<root>.yaml``;
+    returns the data YAML path. Built in a temporary sibling folder, then renamed into place."""
+    root = Path(root).resolve()
+    make_shapes.build_atomically(root, lambda tmp: (_write_split(tmp, "train", n_train, seed, 0),
+                                                    _write_split(tmp, "val", n_val, seed, 1)))
+    yaml_file = root.with_suffix(".yaml")
+    yaml_file.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(NAMES)}]\n")
+    return yaml_file
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="output folder (must not exist)")
+    parser.add_argument("--n-train", type=int, default=128, help="number of training images")
+    parser.add_argument("--n-val", type=int, default=64, help="number of validation images")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        yaml_file = make_tiny_shapes(args.root, args.n_train, args.n_val, args.seed)
+    except FileExistsError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    print(f"Wrote {args.n_train} train + {args.n_val} val images and {yaml_file} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
