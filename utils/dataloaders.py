@@ -297,7 +297,7 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
     Batches: ``(imgs uint8 (bs, 3, h, w) RGB, targets (n, 6) [img_idx, cls, x, y, w, h], paths, shapes)``.
     """
     if rect and shuffle:
-        LOGGER.warning(f"{prefix}WARNING --rect is incompatible with shuffle, setting shuffle=False")
+        LOGGER.warning(f"{prefix}--rect is incompatible with shuffle, setting shuffle=False")
         shuffle = False
     info = _loader_dist_info(rank)
     with _rank_zero_first(info):

@@ -116,7 +116,7 @@ class ImageCache:
         per_image = np.mean([self.base_image(i).nbytes for i in sample])
         need, available = per_image * self.n * 1.1, _available_memory()
         if need > available:
-            LOGGER.warning(f"{self.prefix}WARNING --cache ram needs {need / 1e9:.1f} GB but only "
+            LOGGER.warning(f"{self.prefix}--cache ram needs {need / 1e9:.1f} GB but only "
                            f"{available / 1e9:.1f} GB is available; images not cached (try --cache disk)")
             return False
         return True

@@ -201,7 +201,7 @@ def save_label_cache(path, arrays, prefix=""):
     try:
         atomic_write_bytes(path, buf.getvalue())
     except OSError as e:
-        LOGGER.warning(f"{prefix}WARNING cache folder {Path(path).parent} is not writeable, labels not cached ({e})")
+        LOGGER.warning(f"{prefix}cache folder {Path(path).parent} is not writeable, labels not cached ({e})")
 
 
 def load_label_cache(path, key):
@@ -295,7 +295,7 @@ def load_labels(path, nc=None, prefix="") -> LabelSet:
         labels[i], lines[i], messages = _drop_zero_size(labels[i], lines[i], label_files[i])
         zero_size += messages
     for msg in [*cache["messages"], *filter(None, class_problems), *zero_size]:
-        LOGGER.warning(f"{prefix}WARNING {msg}")
+        LOGGER.warning(f"{prefix}{msg}")
     summary = _summary(cache["counts"], len(usable_files), len(keep))
     LOGGER.info(f"{prefix}{cache_path.with_suffix('')}: {summary}")
     if not keep:

@@ -66,7 +66,7 @@ class LoadImages:
         ok, frame = self.cap.read()
         if not ok:
             if self.frame == 0:
-                LOGGER.warning(f"WARNING {path}: cannot read video, skipped")
+                LOGGER.warning(f"{path}: cannot read video, skipped")
             self.cap.release()
             self.cap = None
             return None
@@ -89,7 +89,7 @@ class LoadImages:
                 self.count += 1
                 im0 = read_image(path)
                 if im0 is None:
-                    LOGGER.warning(f"WARNING {path}: cannot read image, skipped")
+                    LOGGER.warning(f"{path}: cannot read image, skipped")
                     continue
                 s = f"image {self.count}/{self.nf} {path}: "
                 cap = None
