@@ -115,6 +115,11 @@ def save_one_txt(predn, save_conf, shape, file):
         f.write("".join(r + "\n" for r in rows))
 
 
+def half_copy(model):
+    """An fp16 copy for validation under AMP; the caller's model (the EMA) keeps its fp32 weights and buffers."""
+    return deepcopy(model).half()
+
+
 def _model_device(model):
     return next(model.parameters()).device
 
@@ -173,8 +178,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if training:
         device = _model_device(model)
         half &= device.type == "cuda"
-        if half:  # a half copy: rounding the caller's (EMA) weights to fp16 would change training
-            model = deepcopy(model).half()
+        if half:
+            model = half_copy(model)
     else:
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)

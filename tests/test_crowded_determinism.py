@@ -79,7 +79,7 @@ def write_crowded_dataset(root, n_train=8, n_val=4, per_image=150, size=128, see
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["strict", None])  # None: the default (scoped), which is strict when the audit is clean
+@pytest.mark.parametrize("mode", ["strict", "warn", None])  # None: the default, scoped (strict when the audit is clean)
 def test_crowded_reruns_are_bit_identical(tmp_path, tiny_cfg, mode):
     data = write_crowded_dataset(tmp_path / "data")
     extra = {} if mode is None else {"deterministic": mode}

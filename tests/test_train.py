@@ -127,6 +127,10 @@ def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(s
     (["--batch-size", "-3"], "--batch-size -3"),
     (["--hyp", "nope.yaml"], "--hyp nope.yaml: file not found"),
     (["--patience", "-1"], "--patience -1"),
+    (["--imgsz", "0"], "--imgsz 0: must be a positive integer"),
+    (["--imgsz", "-64"], "--imgsz -64: must be a positive integer"),
+    (["--workers", "-1"], "--workers -1: must be 0 or more"),
+    (["--cache", "gpu"], "--cache gpu: use one of"),
     (["--quad", "--batch-size", "6"], "--quad needs a per-device batch size divisible by 4, got 6"),
 ])
 def test_bad_flags_raise_a_user_error_naming_the_flag(flags, message, tiny_cfg, shapes_data, tmp_path):

@@ -1,0 +1,85 @@
+"""The shared command-line layer (utils/options.py) and the checks every entry script runs through it."""
+
+import argparse
+
+import pytest
+import torch
+
+import detect
+import train
+import val
+from models.yolo import Model
+from utils.errors import UserError
+from utils.options import OptionRules, add_shared_flags, check_options, merge_resumed_options, typed_flags
+
+SHARED = {"--weights", "--imgsz", "--img", "--img-size", "--device", "--project", "--name", "--exist-ok"}
+
+
+def option_strings(parser) -> set:
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def test_every_entry_script_defines_the_shared_flags_once():
+    train_parser = train.build_parser()
+    assert SHARED <= option_strings(train_parser)
+    for module, argv in ((val, ["--data", "d.yaml", "--weights", "w.pt"]),
+                         (detect, ["--weights", "w.pt", "--source", "x.jpg"])):
+        opt = module.parse_opt(argv + ["--img", "320", "--exist-ok"])
+        assert opt.exist_ok and (opt.imgsz == 320 or opt.imgsz == [320])
+
+
+@pytest.mark.parametrize("module, argv", [
+    (val, ["--data", "d.yaml", "--weights", "w.pt"]),
+    (detect, ["--weights", "w.pt", "--source", "x.jpg"]),
+])
+@pytest.mark.parametrize("imgsz", ["0", "-64"])
+def test_val_and_detect_reject_non_positive_image_sizes(module, argv, imgsz):
+    with pytest.raises(UserError, match=f"--imgsz .*{imgsz}.*: must be a positive integer"):
+        module.parse_opt(argv + ["--imgsz", imgsz])
+
+
+def test_check_options_names_the_flag_and_accepts_good_values(tmp_path):
+    rules = OptionRules(positive=("batch_size",), non_negative=("workers",), files=("cfg",),
+                        choices=(("cache", (None, "ram")),))
+    good = argparse.Namespace(batch_size=2, workers=0, cfg="", cache=None)
+    assert check_options(good, rules) is good
+    cases = [({"batch_size": 0}, "--batch-size 0: must be a positive integer"),
+             ({"workers": -2}, "--workers -2: must be 0 or more"),
+             ({"cfg": str(tmp_path / "none.yaml")}, "--cfg .*none.yaml: file not found"),
+             ({"cache": "gpu"}, "--cache gpu: use one of None, ram")]
+    for change, message in cases:
+        with pytest.raises(UserError, match=message):
+            check_options(argparse.Namespace(**{**vars(good), **change}), rules)
+
+
+def test_resume_merge_keeps_the_checkpoint_and_lets_only_allowed_flags_differ(log_lines):
+    saved = {"epochs": 10, "device": "cpu", "workers": 8, "seed": 0}
+    typed = {"epochs": 20, "device": "0", "workers": 2}
+    merged = merge_resumed_options(saved, typed, may_differ={"device", "workers"})
+    assert (merged.epochs, merged.device, merged.workers, merged.seed) == (10, "0", 2, 0)
+    assert any("--epochs 20 conflicts with the checkpoint's 10" in line for line in log_lines)
+
+
+def test_typed_flags_sees_only_what_was_typed():
+    parser = argparse.ArgumentParser()
+    add_shared_flags(parser, project="runs", weights_help="w", many_weights=False)
+    parser.add_argument("--epochs", type=int, default=100)
+    assert typed_flags(parser, ["--img", "320"]) == {"imgsz": 320}
+
+
+def test_half_copy_for_validation_leaves_the_ema_weights_untouched(tiny_cfg):
+    torch.manual_seed(0)
+    ema = Model(str(tiny_cfg), nc=2)
+    before = {k: v.clone() for k, v in ema.state_dict().items()}
+    copy = val.half_copy(ema)
+    assert next(copy.parameters()).dtype == torch.float16
+    after = ema.state_dict()
+    assert all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k]) for k in before)
+
+
+def test_val_stops_when_weights_and_data_disagree_on_the_class_count(tiny_cfg, shapes_data):
+    model = Model(str(tiny_cfg), nc=2)  # the shapes data set has 4 classes
+    data = {"nc": 4, "names": ["a", "b", "c", "d"], "yaml_file": str(shapes_data)}
+    with pytest.raises(UserError, match="predicts 2 classes but --data .* has 4; use the data set"):
+        val._check_class_counts(model, data, "w.pt", single_cls=False)
+    val._check_class_counts(model, data, "w.pt", single_cls=True)  # --single-cls scores them as one
