@@ -61,7 +61,9 @@ def test_ddp_loss_curve_close_to_single_process(ddp_run, shapes_data, tiny_cfg):
 
     train.run(data=str(shapes_data), cfg=str(tiny_cfg), project=str(ddp_run.parent), name="single", imgsz=64,
               batch_size=8, epochs=2, device="cpu", workers=0, noplots=True, exist_ok=True, save_interval=0)
-    for multi, single in zip(rows(ddp_run), rows(ddp_run.parent / "single")):
+    multi_rows, single_rows = rows(ddp_run), rows(ddp_run.parent / "single")
+    assert len(multi_rows) == len(single_rows) == 2
+    for multi, single in zip(multi_rows, single_rows):
         a, b = total_train_loss(multi), total_train_loss(single)
         assert abs(a - b) <= LOSS_TOLERANCE * b, (a, b)
 
