@@ -470,7 +470,7 @@ class DeterminismPolicy:
             return temporary_determinism(False)
         return contextlib.nullcontext()
 
-    def adopt_audit(self, report: "AuditReport") -> str:
+    def adopt_audit(self, report) -> str:
         """Apply an :func:`audit_model` report to this run and return one line to log.
 
         ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
@@ -530,7 +530,7 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
 
 
-def _finding_text(f: "Finding") -> str:
+def _finding_text(f) -> str:
     """``adaptive_max_pool2d_backward (backward, model.9 (SCAM))``."""
     return f"{f.op} ({f.phase}, {f.module})"
 
@@ -544,7 +544,7 @@ def _strict_failure_message(device: str, failing: list) -> str:
             "a deterministic one; see docs/determinism.md")
 
 
-def _adoption_summary(mode: str, report: "AuditReport", backward: list, forward: list, relax: bool) -> str:
+def _adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
     """The line train.py logs after adopting an audit."""
     where = report.device
     if not report.findings:
