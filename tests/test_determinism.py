@@ -429,7 +429,7 @@ def test_whole_step_audit_of_a_yolo_model(tiny_cfg):
     model.eval()
     before = model_fingerprint(model)
     with IndexPutSizes() as sizes:
-        report = audit_model(model, imgsz=64, loss_factory=detection_loss(DEFAULT_HYP))
+        report = audit_model(model, imgsz=32, loss_factory=detection_loss(DEFAULT_HYP))
     assert report.clean, report.format()
     assert max(sizes.sizes) >= PARALLEL_GRAIN
     assert not hasattr(model, "hyp") and not model.training
