@@ -54,7 +54,8 @@ from utils.results_log import ResultsLog  # noqa: E402
 from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                              strip_optimizer, training_state)
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
-from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA, audit_model,  # noqa: E402
+from utils.op_audit import audit_model, detection_loss  # noqa: E402
+from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
                                configure_determinism, de_parallel, intersect_dicts, select_device, set_rng_state,
                                smart_optimizer)
 
@@ -214,11 +215,12 @@ def write_run_header(save_dir: Path, opt, hyp: dict) -> None:
     yaml_save(save_dir / "environment.yaml", environment_report())
 
 
-def run_start_up_audit(policy, model, imgsz: int, device) -> dict | None:
-    """Run the op audit before the first batch when determinism is on; let the policy act on it."""
+def run_start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> dict | None:
+    """Audit one training step before the first batch when determinism is on; let the policy act on it."""
     if policy.mode == "off":
         return None
-    report = audit_model(model, imgsz=min(imgsz, 256), device=device, batch_size=1)
+    report = audit_model(model, imgsz=min(imgsz, 256), device=device, batch_size=2,
+                         loss_factory=detection_loss(hyp), amp=amp)
     LOGGER.info(f"{colorstr('determinism: ')}{policy.adopt_audit(report)}")
     return report.to_dict()
 
@@ -272,8 +274,9 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     amp = check_amp(model)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
+    audit = run_start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
-        opt.batch_size = check_train_batch_size(model, imgsz, amp)  # recorded, so a resume keeps it
+        opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch_size(opt, dist),
                      plots=not opt.evolve and not opt.noplots)
@@ -282,7 +285,6 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
         prepare_new_run(dataset, model, hyp, ctx)
 
     loop = TrainLoop(ctx, model, hyp, amp)
-    audit = run_start_up_audit(policy, model, imgsz, device)
     ctx.results_log = ResultsLog(save_dir / "results.csv", tensorboard=dist.is_main and not opt.evolve)
     ctx.saver = CheckpointSaver(ctx.weights_dir / "last.pt", ctx.weights_dir / "best.pt", ctx.weights_dir,
                                 opt.save_period, opt.save_interval)

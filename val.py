@@ -33,7 +33,7 @@ from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_p
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import (check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh,  # noqa: E402
                        xyxy2xywhn)
-from utils.plots import output_to_target, plot_images  # noqa: E402
+from utils.plots import output_to_target, plot_ap_curves, plot_confusion_matrix, plot_images  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
@@ -243,7 +243,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         shape = (batch_size, 3, imgsz, imgsz)
         LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape {shape}" % times)
     if plots:
-        confusion_matrix.plot(save_dir=save_dir, names=list(names.values()))
+        plot_confusion_matrix(confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
     if save_json and jdict:
         coco = _save_and_evaluate_json(jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights)
         if coco is not None:
@@ -283,8 +283,9 @@ def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
     mp = mr = map50 = map_ = 0.0
     ap_class, ap, ap50, p, r = np.zeros(0, int), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
     if len(target_cls):
-        _, _, p, r, _, ap_all, ap_class = ap_per_class(correct, conf, pred_cls, target_cls, plot=plots,
-                                                       save_dir=save_dir, names=names)
+        _, _, p, r, _, ap_all, ap_class, curves = ap_per_class(correct, conf, pred_cls, target_cls, names=names)
+        if plots:
+            plot_ap_curves(curves, save_dir)
         ap50, ap = ap_all[:, 0], ap_all.mean(1)
         mp, mr, map50, map_ = p.mean(), r.mean(), ap50.mean(), ap.mean()
     counts = np.bincount(target_cls.astype(int), minlength=nc)

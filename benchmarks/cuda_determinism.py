@@ -28,7 +28,8 @@ from models.yolo import Model, register_module  # noqa: E402
 from utils.checkpoints import state_dict_sha256  # noqa: E402
 from utils.env import environment_report, format_report  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
-from utils.torch_utils import audit_model, configure_determinism  # noqa: E402
+from utils.op_audit import audit_model  # noqa: E402
+from utils.torch_utils import configure_determinism  # noqa: E402
 
 
 class UpstreamSCAM(SCAM):

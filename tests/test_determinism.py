@@ -1,4 +1,4 @@
-"""Determinism policy on CPU: modes, the backward scope, temporary_determinism, the op audit, seeding.
+"""Determinism policy on CPU: modes, the backward scope, temporary_determinism, the op audit, AutoBatch, seeding.
 
 ``Tensor.put_(..., accumulate=False)`` throws under ``use_deterministic_algorithms(True)`` on every
 device, so a module whose backward calls it reproduces on a CPU what
@@ -8,7 +8,6 @@ device, so a module whose backward calls it reproduces on a CPU what
 import os
 import random
 import re
-from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +15,20 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from audit import main
 from tests.nondeterministic_module import PutGradient as PutBlock
+from tests.nondeterministic_module import _PutGradient, write_model_yaml, write_put_model_yaml
+from utils.autobatch import PROFILE_BATCH_SIZES, profile_memory
 from utils.errors import UserError
 from utils.files import yaml_load
-from utils.torch_utils import (EXEMPT_DOC_NAMES, MODES, NONDETERMINISTIC_OPS, AuditReport, Finding, audit_model,
-                               configure_determinism, main, match_nondeterministic, temporary_determinism)
+from utils.op_audit import (DOCUMENTED_OPS, EXEMPT_DOC_NAMES, NONDETERMINISTIC_OPS, PARALLEL_GRAIN, UNDOCUMENTED_OPS,
+                            AuditReport, Finding, audit_model, crowded_targets, detection_loss, match_nondeterministic)
+from utils.torch_utils import MODES, configure_determinism, temporary_determinism
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HYP = yaml_load(ROOT / "data" / "hyps" / "hyp.scratch-low.yaml")
 
 
 @pytest.fixture(autouse=True)
@@ -202,9 +207,22 @@ def documented_throwing_ops() -> set[str]:
 def test_op_table_matches_installed_torch_documentation():
     documented = documented_throwing_ops()
     assert len(documented) > 10, "could not parse torch.use_deterministic_algorithms.__doc__"
-    in_table = {name for row in NONDETERMINISTIC_OPS for name in row.doc_names}
+    in_table = {name for row in DOCUMENTED_OPS for name in row.doc_names}
     assert not documented - in_table - set(EXEMPT_DOC_NAMES), "torch documents ops the table lacks"
     assert not (in_table | set(EXEMPT_DOC_NAMES)) - documented, "table lists ops torch no longer documents"
+
+
+def test_undocumented_rows_are_the_known_extras_with_their_kernel():
+    """CUDA failures torch raises but does not document; if torch starts documenting them, move the rows."""
+    extras = {name for row in UNDOCUMENTED_OPS for name in row.aten}
+    assert extras == {"_upsample_bilinear2d_aa_backward", "_upsample_bicubic2d_aa_backward",
+                      "index_reduce", "index_reduce_"}
+    assert not extras & {name for row in DOCUMENTED_OPS for name in row.aten}
+    assert all(row.kernel.startswith(("upsample_", "index_reduce")) and row.devices == ("cuda",)
+               for row in UNDOCUMENTED_OPS)
+    doc = torch.use_deterministic_algorithms.__doc__
+    assert "index_reduce" not in doc and "antialias" not in doc
+    assert set(NONDETERMINISTIC_OPS) == set(DOCUMENTED_OPS) | set(UNDOCUMENTED_OPS)
 
 
 def test_op_table_names_real_aten_ops():
@@ -224,6 +242,13 @@ def test_op_table_names_real_aten_ops():
     (torch.ops.aten.median.default, (None,), {}, None),
     (torch.ops.aten.adaptive_max_pool2d_backward.default, (None, None, None), {}, ("cuda",)),
     (torch.ops.aten.max_pool2d_with_indices_backward.default, (), {}, None),
+    (torch.ops.aten.nll_loss2d_forward.default, (None, None, None, 1, -100), {}, ("cuda",)),  # mean
+    (torch.ops.aten.nll_loss2d_forward.default, (None, None, None, 2, -100), {}, ("cuda",)),  # sum
+    (torch.ops.aten.nll_loss2d_forward.default, (None, None, None, 0, -100), {}, None),  # none
+    (torch.ops.aten.histc.default, (torch.rand(3),), {}, ("cuda",)),
+    (torch.ops.aten.histc.default, (torch.arange(3),), {}, None),
+    (torch.ops.aten.index_reduce.default, (None, 0, None, None, "amax"), {}, ("cuda",)),
+    (torch.ops.aten._upsample_bicubic2d_aa_backward.default, (), {}, ("cuda",)),
 ])
 def test_argument_dependent_rows(op, args, kwargs, devices):
     row = match_nondeterministic(op, args, kwargs)
@@ -247,6 +272,10 @@ def model_fingerprint(model: nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def findings_of(report) -> set:
+    return {(f.op, f.phase, f.module) for f in report.findings}
+
+
 def test_audit_finds_ops_with_phase_and_innermost_module():
     report = audit_model(TinyNet(), imgsz=16)
     found = {(f.op, f.phase, f.module): f.devices for f in report.findings}
@@ -254,7 +283,7 @@ def test_audit_finds_ops_with_phase_and_innermost_module():
                      ("put_", "backward", "block.inner (PutGradient)"): ("cpu", "cuda")}
     assert not report.clean
     assert [(f["op"], f["phase"]) for f in report.torch_flagged] == [("put_", "backward")]
-    assert report.op_counts["forward"] > 0 and report.op_counts["backward"] > 0
+    assert all(report.op_counts[phase] > 0 for phase in ("forward", "backward", "step"))
     text = report.format()
     assert "block.inner (PutGradient)" in text and "adaptive_max_pool2d_backward" in text
 
@@ -268,6 +297,58 @@ def test_audit_reports_forward_ops():
     model = nn.Sequential(nn.Conv2d(3, 2, 1), Unpool())
     report = audit_model(model, imgsz=8)
     assert [(f.op, f.phase, f.module) for f in report.findings] == [("max_unpool2d", "forward", "1 (Unpool)")]
+
+
+def test_audit_sees_antialiased_interpolate_backward():
+    class Downsample(nn.Module):
+        def forward(self, x):
+            return F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)
+
+    report = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1), Downsample()), imgsz=8)
+    assert findings_of(report) == {("_upsample_bilinear2d_aa_backward", "backward", "1 (Downsample)")}
+    assert "upsample_bilinear2d_aa_backward_out_cuda" in report.findings[0].reason
+
+
+def nll_loss_factory(reduction: str):
+    """A loss factory: per-pixel NLL of the model's (B, C, H, W) output against class 0."""
+    def factory(model, images):
+        target = torch.zeros(images.shape[0], images.shape[2], images.shape[3], dtype=torch.long)
+        return lambda output: F.nll_loss(F.log_softmax(output, 1), target, reduction=reduction).sum()
+    return factory
+
+
+def test_loss_ops_are_attributed_to_the_loss_and_nll_none_is_clean():
+    model = nn.Sequential(nn.Conv2d(3, 3, 1))
+    reduced = audit_model(model, imgsz=8, loss_factory=nll_loss_factory("mean"))
+    assert findings_of(reduced) == {("nll_loss2d_forward", "forward", "loss")}
+    assert audit_model(model, imgsz=8, loss_factory=nll_loss_factory("none")).clean
+
+
+def test_loss_backward_ops_are_attributed_to_the_loss():
+    def factory(model, images):
+        return lambda output: _PutGradient.apply(output).sum()
+
+    report = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1)), imgsz=8, loss_factory=factory)
+    assert findings_of(report) == {("put_", "backward", "loss")}
+
+
+def put_op():
+    torch.zeros(4).put_(torch.tensor([1]), torch.ones(1))
+
+
+def test_optimizer_and_ema_ops_are_attributed_and_cannot_be_relaxed(monkeypatch):
+    import utils.op_audit as op_audit
+
+    real_update = op_audit.ModelEMA.update
+    monkeypatch.setattr(op_audit.ModelEMA, "update", lambda self, model: (put_op(), real_update(self, model)))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda parameters, max_norm: put_op())
+    report = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2)), imgsz=8)
+    assert findings_of(report) == {("put_", "step", "optimizer"), ("put_", "step", "ema")}
+    policy = configure_determinism("scoped")
+    summary = policy.adopt_audit(report)
+    assert policy.relax_backward is False and "cannot fix" in summary and "ema" in summary
+    with pytest.raises(UserError, match="optimizer"):
+        configure_determinism("strict").adopt_audit(report)
 
 
 def test_audit_leaves_model_grads_flags_and_rng_untouched():
@@ -295,6 +376,65 @@ def test_audit_is_clean_for_a_deterministic_model():
     assert report.clean and report.findings == []
     assert "Result: clean" in report.format()
     assert report.to_dict()["clean"] is True
+
+
+def test_audit_batch_must_be_at_least_two():
+    with pytest.raises(ValueError, match="at least 2"):
+        audit_model(TinyNet(), imgsz=16, batch_size=1)
+
+
+def test_crowded_targets_fill_every_level_past_the_parallel_grain():
+    detect = nn.Module()
+    detect.nl, detect.na, detect.nc, detect.no = 3, 3, 1, 6
+    detect.stride = torch.tensor([4.0, 8.0, 16.0])
+    detect.anchors = torch.tensor([[1.5, 2.0], [2.0, 3.0], [3.5, 2.5]]).repeat(3, 1, 1)
+    targets = crowded_targets(detect, batch_size=3, imgsz=64, generator=torch.Generator().manual_seed(0))
+    assert targets.shape[1] == 6 and len(targets) * detect.no / detect.nl >= PARALLEL_GRAIN
+    assert set(targets[:, 0].long().tolist()) == {0, 1, 2} and set(targets[:, 1].tolist()) == {0.0}
+    xy, wh = targets[:, 2:4], targets[:, 4:6]
+    assert (wh > 0).all() and (xy - wh / 2 >= 0).all() and (xy + wh / 2 <= 1 + 1e-6).all()
+    pixel_sizes = (detect.anchors * detect.stride.view(-1, 1, 1)).reshape(-1, 2)
+    ratio = wh[:9] * 64 / pixel_sizes  # the first boxes cycle through every anchor of every level
+    assert ((ratio >= 0.8 - 1e-6) & (ratio <= 1.25 + 1e-6)).all()
+
+
+def test_detection_loss_needs_hyperparameters():
+    from models.yolo import Model
+
+    model = Model(ROOT / "tests" / "models" / "tiny.yaml")
+    with pytest.raises(UserError, match="hyp"):
+        audit_model(model, imgsz=32, loss_factory=detection_loss(None))
+
+
+class IndexPutSizes(TorchDispatchMode):
+    """A dispatch mode recording the element count of every accumulating ``index_put``."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in ("index_put", "index_put_", "_index_put_impl_"):
+            if (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
+                self.sizes.append(args[2].numel())
+        return func(*args, **kwargs)
+
+
+def test_whole_step_audit_of_a_yolo_model(tiny_cfg):
+    """The loss runs on crowded targets (the parallel index_put_ path), the model is left untouched."""
+    from models.yolo import Model
+
+    model = Model(tiny_cfg)
+    model.eval()
+    before = model_fingerprint(model)
+    with IndexPutSizes() as sizes:
+        report = audit_model(model, imgsz=32, loss_factory=detection_loss(DEFAULT_HYP))
+    assert report.clean, report.format()
+    assert max(sizes.sizes) >= PARALLEL_GRAIN
+    assert not hasattr(model, "hyp") and not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
 
 
 # ----------------------------------------------------------------------------- adopting an audit
@@ -338,6 +478,52 @@ def test_scoped_adoption_relaxes_only_for_backward_findings():
     assert policy.relax_backward is False
 
 
+# ----------------------------------------------------------------------------- AutoBatch under the policy
+
+
+def test_autobatch_trial_backward_runs_in_the_policy_scope(tmp_path):
+    """AutoBatch's trial steps relax exactly what training relaxes; under strict they hit torch's error."""
+    from models.yolo import Model
+
+    model = Model(write_put_model_yaml(tmp_path))
+    policy = configure_determinism("scoped")
+    policy.adopt_audit(audit_model(model, imgsz=32))
+    assert policy.relax_backward is True and flags() == (True, False)
+    devices = []
+
+    def measure(step, device):
+        step()
+        devices.append(device.type)
+        return float(len(devices))
+
+    assert profile_memory(model, 32, False, policy, measure) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert devices == ["cpu"] * len(PROFILE_BATCH_SIZES) and flags() == (True, False)
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(RuntimeError, match="put_"):
+        profile_memory(model, 32, False, configure_determinism("strict"), measure)
+
+
+@pytest.mark.slow
+def test_train_batch_size_minus_one_under_scoped_with_a_relaxed_model(tmp_path, shapes_data, monkeypatch):
+    """train.py runs the audit first, then AutoBatch with the audited policy (profiled here on CPU)."""
+    import train
+
+    seen = {}
+
+    def cpu_autobatch(model, imgsz, amp, policy=None):
+        seen["relax"] = policy.relax_backward and policy.audit is not None and torch.are_deterministic_algorithms_enabled()
+        profile_memory(model, imgsz, amp, policy, lambda step, device: (step(), 1.0)[1])
+        return 4
+
+    monkeypatch.setattr(train, "check_train_batch_size", cpu_autobatch)
+    train.run(cfg=str(write_put_model_yaml(tmp_path)), data=str(shapes_data), imgsz=64, batch_size=-1, epochs=1,
+              workers=0, device="cpu", deterministic="scoped", project=str(tmp_path), name="exp", exist_ok=True,
+              noplots=True)
+    assert seen == {"relax": True}
+    last = torch.load(tmp_path / "exp" / "weights" / "last.pt", weights_only=True)
+    assert last["opt"]["batch_size"] == 4  # recorded for a resume
+
+
 # ----------------------------------------------------------------------------- YOLO models and the command
 
 
@@ -348,41 +534,78 @@ def small_model_dict(yaml_path: Path) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("yaml_path", sorted((ROOT / "models").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_model_is_clean(yaml_path):
     from models.yolo import Model
 
-    report = audit_model(Model(small_model_dict(yaml_path)), imgsz=64)
+    report = audit_model(Model(small_model_dict(yaml_path)), imgsz=64, loss_factory=detection_loss(DEFAULT_HYP))
     assert report.clean, report.format()
 
 
 def test_yolo_model_with_put_block_names_layer(tmp_path):
     from models.yolo import Model
-    from tests.nondeterministic_module import write_put_model_yaml
 
-    model = Model(write_put_model_yaml(tmp_path))
-    report = audit_model(model, imgsz=64)
-    assert [(f.op, f.phase, f.module) for f in report.findings] == [("put_", "backward", "model.2 (PutGradient)")]
+    report = audit_model(Model(write_put_model_yaml(tmp_path)), imgsz=32)
+    assert findings_of(report) == {("put_", "backward", "model.2 (PutGradient)")}
 
 
 @pytest.fixture
 def maxpool_yaml(tmp_path) -> Path:
-    from tests.nondeterministic_module import write_model_yaml
-
     return write_model_yaml(tmp_path, "MaxPoolAttention", nc=2, width=8)
 
 
 def test_command_reports_adaptive_max_pool_with_module_path(maxpool_yaml, capsys):
-    assert main(["--audit", "--cfg", str(maxpool_yaml), "--imgsz", "64"]) == 1
+    assert main(["--cfg", str(maxpool_yaml), "--imgsz", "32"]) == 1
     out = capsys.readouterr().out
     assert re.search(r"adaptive_max_pool2d_backward\s+backward\s+cuda\s+model\.2\.pool \(AdaptiveMaxPool2d\)", out)
 
 
-def test_command_exits_zero_on_clean_model(tmp_path, capsys):
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(yaml_dump_small(ROOT / "models" / "yolov5n.yaml"))
-    assert main(["--audit", "--cfg", str(cfg), "--imgsz", "64"]) == 0
+class SqueezeExcite(nn.Module):
+    """SE block from YOLO Convs: BatchNorm on a 1x1 map, which batch 1 cannot train."""
+
+    def __init__(self, c1: int):
+        super().__init__()
+        from models.common import Conv
+
+        self.squeeze = Conv(c1, max(c1 // 2, 1), 1)
+        self.excite = Conv(max(c1 // 2, 1), c1, 1, act=False)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.excite(self.squeeze(x.mean((2, 3), keepdim=True))))
+
+
+class FailsInTraining(nn.Module):
+    """Identity in eval mode (the stride probe), an error in training mode."""
+
+    def __init__(self, c1: int):
+        super().__init__()
+
+    def forward(self, x):
+        if self.training:
+            raise RuntimeError("kernel exploded\nsecond line of detail")
+        return x
+
+
+@pytest.fixture
+def registered_blocks():
+    from models.yolo import register_module
+
+    for block in (SqueezeExcite, FailsInTraining):
+        register_module(block, style="same", override=True)
+
+
+def test_command_audits_batchnorm_on_a_1x1_map(tmp_path, capsys, registered_blocks):
+    cfg = write_model_yaml(tmp_path, "SqueezeExcite", nc=2, width=8)
+    assert main(["--cfg", str(cfg), "--imgsz", "32"]) == 0
     assert "Result: clean" in capsys.readouterr().out
+
+
+def test_command_exits_three_when_the_audit_cannot_run(tmp_path, capsys, registered_blocks):
+    cfg = write_model_yaml(tmp_path, "FailsInTraining", nc=2, width=8)
+    assert main(["--cfg", str(cfg), "--imgsz", "32"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == "ERROR: the determinism audit could not run: RuntimeError: kernel exploded"
 
 
 def yaml_dump_small(yaml_path: Path) -> str:
@@ -392,12 +615,12 @@ def yaml_dump_small(yaml_path: Path) -> str:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--audit", "--cfg", "no/such/model.yaml"], "--cfg no/such/model.yaml: file not found"),
-    (["--cfg", "models/yolov5n.yaml"], "--audit"),
+    (["--cfg", "no/such/model.yaml"], "--cfg no/such/model.yaml: file not found"),
     (["--audit"], "--cfg is required"),
-    (["--audit", "--cfg", "models/yolov5n.yaml", "--imgsz", "0"], "--imgsz 0"),
-    (["--audit", "--cfg", "models/yolov5n.yaml", "--imgsz", "abc"], "--imgsz"),
-    (["--audit", "--cfg", "models/yolov5n.yaml", "--bogus"], "--bogus"),
+    (["--cfg", "models/yolov5n.yaml", "--imgsz", "0"], "--imgsz 0"),
+    (["--cfg", "models/yolov5n.yaml", "--imgsz", "abc"], "--imgsz"),
+    (["--cfg", "models/yolov5n.yaml", "--batch-size", "1"], "--batch-size 1: must be at least 2"),
+    (["--cfg", "models/yolov5n.yaml", "--bogus"], "--bogus"),
 ])
 def test_command_bad_arguments_exit_two_with_one_error_line(argv, needle, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -409,17 +632,20 @@ def test_command_bad_arguments_exit_two_with_one_error_line(argv, needle, capsys
 def test_command_rejects_imgsz_not_multiple_of_stride(tmp_path, capsys):
     cfg = tmp_path / "small.yaml"
     cfg.write_text(yaml_dump_small(ROOT / "models" / "yolov5n.yaml"))
-    assert main(["--audit", "--cfg", str(cfg), "--imgsz", "100"]) == 2
+    assert main(["--cfg", str(cfg), "--imgsz", "100"]) == 2
     assert "multiple of the model's largest stride" in capsys.readouterr().err
 
 
-def test_audit_does_not_change_a_yolo_model(tmp_path):
-    from models.yolo import Model
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["audit.py"], ["-m", "utils.torch_utils", "--audit"]])
+def test_audit_command_and_its_old_alias_as_programs(command, tiny_cfg):
+    import subprocess
+    import sys
 
-    model = Model(small_model_dict(ROOT / "models" / "ffca-yolo.yaml"))
-    model.eval()
-    before = deepcopy(model.state_dict())
-    audit_model(model, imgsz=64)
-    assert not model.training
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert all(p.grad is None for p in model.parameters())
+    result = subprocess.run([sys.executable, *command, "--cfg", str(tiny_cfg), "--imgsz", "32"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "training step (batch 2, 32x32)" in result.stdout and "Result: clean" in result.stdout
+    bad = subprocess.run([sys.executable, *command, "--cfg", str(tiny_cfg), "--imgsz", "30"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("ERROR: --imgsz 30") and "Traceback" not in bad.stderr

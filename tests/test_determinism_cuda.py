@@ -15,7 +15,8 @@ import torch.nn as nn
 
 from tests.nondeterministic_module import MaxPoolAttention, PutGradient as PutBlock
 from utils.errors import UserError
-from utils.torch_utils import audit_model, configure_determinism, get_rng_state, set_rng_state, temporary_determinism
+from utils.op_audit import audit_model
+from utils.torch_utils import configure_determinism, get_rng_state, set_rng_state, temporary_determinism
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICE = torch.device("cuda", 0)

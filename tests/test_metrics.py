@@ -64,7 +64,7 @@ def _ap_single_class(order_is_correct, n_labels):
     n = len(order_is_correct)
     tp = np.repeat(np.array(order_is_correct, dtype=bool)[:, None], 10, 1)
     conf = np.linspace(0.9, 0.1, n)
-    *_, ap, classes = ap_per_class(tp, conf, np.zeros(n), np.zeros(n_labels))
+    *_, ap, classes, _ = ap_per_class(tp, conf, np.zeros(n), np.zeros(n_labels))
     assert classes.tolist() == [0]
     return ap[0, 0]
 
@@ -86,12 +86,17 @@ def test_ap_per_class_multiclass_outputs_and_no_predictions():
     conf = np.array([0.9, 0.8, 0.7])
     pred_cls = np.array([0, 1, 1])
     target_cls = np.array([0, 1, 2])
-    tp_out, fp_out, p, r, f1, ap, classes = ap_per_class(tp, conf, pred_cls, target_cls)
+    tp_out, fp_out, p, r, f1, ap, classes, curves = ap_per_class(tp, conf, pred_cls, target_cls, names=["a", "b"])
     assert classes.tolist() == [0, 1, 2]
     assert ap.shape == (3, 10)
     assert ap[:, 0].tolist() == pytest.approx([1.0, 1.0, 0.0])  # class 2 has a label and no prediction
     assert r.tolist() == pytest.approx([1.0, 1.0, 0.0])
     assert tp_out.tolist() == [1.0, 1.0, 0.0]
+    assert curves.names == ["a", "b", "2"]  # a class without a name keeps its id
+    assert curves.precision.shape == curves.recall.shape == curves.f1.shape == (3, 1000)
+    assert len(curves.pr) == 3 and curves.pr[2].shape == curves.recall_points.shape == (101,)
+    assert curves.pr[0][-1] == 1.0 and not curves.pr[2].any()
+    assert np.array_equal(curves.ap, ap)
 
     empty = ap_per_class(np.zeros((0, 10), bool), np.zeros(0), np.zeros(0), np.array([0, 0]))
     assert empty[5].shape == (1, 10) and not empty[5].any()
@@ -120,7 +125,8 @@ def test_confusion_matrix_counts(tmp_path):
     assert tp.tolist() == [1, 0] and fp.tolist() == [1, 1]
     cm.process_batch(None, labels[:1])
     assert cm.matrix[2, 0] == 1
-    cm.plot(save_dir=tmp_path, names=["a", "b"])
+    from utils.plots import plot_confusion_matrix
+    plot_confusion_matrix(cm.matrix, ["a", "b"], tmp_path / "confusion_matrix.png")
     assert (tmp_path / "confusion_matrix.png").stat().st_size > 1000
 
 
@@ -129,12 +135,15 @@ def test_fitness_weights():
     assert fitness(rows).tolist() == pytest.approx([0.05 + 0.27, 0.1])
 
 
-def test_ap_per_class_writes_curves(tmp_path):
+def test_ap_curves_are_data_and_plots_draw_them(tmp_path):
+    from utils.plots import plot_ap_curves
     tp = np.array([[True] * 10, [False] * 10])
-    ap_per_class(tp, np.array([0.9, 0.4]), np.array([0, 1]), np.array([0, 1]), plot=True, save_dir=tmp_path,
-                 names=["cat", "dog"])
+    before = set(tmp_path.iterdir())
+    curves = ap_per_class(tp, np.array([0.9, 0.4]), np.array([0, 1]), np.array([0, 1]), names=["cat", "dog"])[-1]
+    assert set(tmp_path.iterdir()) == before and curves.names == ["cat", "dog"]  # computing draws nothing
+    plot_ap_curves(curves, tmp_path, prefix="val_")
     for name in ("PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"):
-        assert (tmp_path / name).stat().st_size > 1000
+        assert (tmp_path / f"val_{name}").stat().st_size > 1000
 
 
 def test_plot_results_and_labels(tmp_path):

@@ -4,6 +4,7 @@ import io
 import logging
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -12,9 +13,8 @@ import torch.nn as nn
 
 from utils.errors import UserError
 from utils.logging import LOGGER
-from utils.torch_utils import (EarlyStopping, ModelEMA, de_parallel, get_rng_state, intersect_dicts, is_parallel,
-                               model_info, select_device, set_rng_state, smart_optimizer, time_sync,
-                               torch_distributed_zero_first)
+from utils.torch_utils import (EarlyStopping, ModelEMA, cuda_rng_state, de_parallel, get_rng_state, intersect_dicts,
+                               is_parallel, model_info, select_device, set_rng_state, smart_optimizer, time_sync)
 
 
 def small_net() -> nn.Sequential:
@@ -72,15 +72,15 @@ def test_batch_size_must_divide_over_gpus(monkeypatch):
         select_device("0,1", batch_size=3)
 
 
-def test_time_sync_is_monotonic():
-    assert time_sync() <= time_sync()
-
-
-def test_zero_first_outside_ddp_just_runs():
-    ran = []
-    with torch_distributed_zero_first(-1):
-        ran.append(True)
-    assert ran == [True]
+@pytest.mark.parametrize("initialised", [True, False])
+def test_time_sync_waits_for_cuda_only_once_it_is_initialised(initialised, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: calls.append("sync"))
+    monkeypatch.setattr(time, "perf_counter", lambda: calls.append("clock") or 12.5)
+    assert time_sync() == 12.5
+    assert calls == (["sync", "clock"] if initialised else ["clock"])  # the clock is read after the wait
 
 
 def test_de_parallel_unwraps_data_parallel():
@@ -206,6 +206,56 @@ def test_rng_state_round_trips_through_weights_only_load(tmp_path):
     expected = draw()
     set_rng_state(torch.load(path, weights_only=True)["rng"])
     assert draw() == expected
+
+
+class FakeCudaWorld:
+    """A two-GPU machine on a CPU: per-device generator states behind monkeypatched torch.cuda calls."""
+
+    def __init__(self, monkeypatch, n_devices: int = 2):
+        self.states = {i: torch.full((16,), 10 + i, dtype=torch.uint8) for i in range(n_devices)}
+        self.current = 0
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n_devices)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: self.states[device].clone())
+        monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: self.states.update({device: state}))
+
+    def values(self) -> dict:
+        return {i: int(s[0]) for i, s in self.states.items()}
+
+
+def test_each_rank_saves_and_restores_its_own_cuda_generator(tmp_path, monkeypatch):
+    world = FakeCudaWorld(monkeypatch)
+    # every DDP rank reads the generator of its own device; the saving rank stores the gathered list
+    gathered = [cuda_rng_state(torch.device("cuda", rank)) for rank in (0, 1)]
+    torch.save({"rng": get_rng_state(cuda_by_rank=gathered)}, tmp_path / "rng.pt")
+    state = torch.load(tmp_path / "rng.pt", weights_only=True)["rng"]
+    assert [int(s[0]) for s in state["cuda"]] == [10, 11]
+    world.states = {0: torch.zeros(16, dtype=torch.uint8), 1: torch.zeros(16, dtype=torch.uint8)}
+    set_rng_state(state, rank=1, device=torch.device("cuda", 1))
+    assert world.values() == {0: 0, 1: 11}  # rank 1 restored its own stream and touched no other device
+    set_rng_state(state, rank=0, device=torch.device("cuda", 0))
+    assert world.values() == {0: 10, 1: 11}
+
+
+def test_single_process_saves_its_current_device_as_rank_zero(monkeypatch):
+    world = FakeCudaWorld(monkeypatch)
+    world.current = 1
+    state = get_rng_state()
+    assert [int(s[0]) for s in state["cuda"]] == [11]
+    world.states[1] = torch.zeros(16, dtype=torch.uint8)
+    set_rng_state(state)
+    assert world.values() == {0: 10, 1: 11}
+
+
+def test_rank_missing_from_the_checkpoint_keeps_its_stream_and_says_so(monkeypatch, log_lines):
+    world = FakeCudaWorld(monkeypatch)
+    state = get_rng_state(cuda_by_rank=[cuda_rng_state(0)])
+    world.states[1] = torch.zeros(16, dtype=torch.uint8)
+    set_rng_state(state, rank=1, device=1)
+    assert world.values() == {0: 10, 1: 0}
+    assert any("rank 1" in line and "restarts from the seed" in line for line in log_lines())
 
 
 def test_malformed_rng_state_is_user_error():

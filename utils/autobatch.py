@@ -3,9 +3,13 @@
 A copy of the model runs one forward and backward pass at a few small batch sizes; the peak
 memory of each is fitted with a straight line ``memory = slope * batch + intercept`` and the
 line is solved for the memory budget. CUDA only: on CPU the default batch size is returned.
+The trial backward passes run inside the run's determinism policy's ``backward_scope``, so a
+model whose backward ``scoped`` relaxes profiles under the same rules it trains under.
 """
 
+import contextlib
 from copy import deepcopy
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,13 +31,13 @@ def fit_batch_size(batch_sizes, memory_gib, budget_gib: float, default: int = 16
     """
     measured = [(b, m) for b, m in zip(batch_sizes, memory_gib) if m is not None]
     if len(measured) < 2:
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ fewer than two batch sizes profiled, "
+        LOGGER.warning(f"{PREFIX}fewer than two batch sizes profiled, "
                        f"using default batch-size {default}")
         return default, None
     sizes, memory = (np.array(v, dtype=np.float64) for v in zip(*measured))
     slope, intercept = np.polyfit(sizes, memory, deg=1)
     if slope <= 0:
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ memory does not grow with batch size, "
+        LOGGER.warning(f"{PREFIX}memory does not grow with batch size, "
                        f"using default batch-size {default}")
         return default, None
     batch = int(np.floor(round((budget_gib - intercept) / slope, 6)))  # round first: fit noise must not cost a batch
@@ -42,15 +46,19 @@ def fit_batch_size(batch_sizes, memory_gib, budget_gib: float, default: int = 16
         # the line is optimistic past the first out-of-memory size: fall back to the last size that ran
         batch = max([b for b, _ in measured if b < min(failed)], default=1)
     if not 1 <= batch <= MAX_BATCH_SIZE:
-        LOGGER.warning(f"{PREFIX}WARNING ⚠️ fitted batch-size {batch} is outside 1-{MAX_BATCH_SIZE}, "
+        LOGGER.warning(f"{PREFIX}fitted batch-size {batch} is outside 1-{MAX_BATCH_SIZE}, "
                        f"using default batch-size {default}")
         return default, None
     return batch, np.array([slope, intercept])
 
 
 def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: float = 0.6,
-                           default: int = 16) -> int:
-    """Batch size that uses about ``fraction`` of the free memory of the model's CUDA device."""
+                           default: int = 16, policy=None) -> int:
+    """Batch size that uses about ``fraction`` of the free memory of the model's CUDA device.
+
+    ``policy`` is the run's ``DeterminismPolicy`` (after its start-up audit); its backward scope
+    wraps every trial backward pass. None: no scope.
+    """
     device = next(model.parameters()).device
     if device.type != "cuda":
         LOGGER.info(f"{PREFIX}AutoBatch needs a CUDA device, using default batch-size {default} on {device.type}")
@@ -67,11 +75,7 @@ def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: 
     name = torch.cuda.get_device_name(device)
     LOGGER.info(f"{PREFIX}{name} {total / GIB:.2f}G total, {available:.2f}G available, aiming for {fraction:.0%}")
 
-    probe = deepcopy(model).train()
-    memory = []
-    for batch in PROFILE_BATCH_SIZES:  # once one size runs out of memory, larger ones will too
-        memory.append(None if None in memory else _peak_memory_gib(probe, batch, imgsz, amp, device))
-    del probe
+    memory = profile_memory(model, imgsz, amp, policy, _cuda_peak_gib)
     torch.cuda.empty_cache()
 
     batch, line = fit_batch_size(PROFILE_BATCH_SIZES, memory, fraction * available, default)
@@ -82,23 +86,50 @@ def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: 
     return batch
 
 
-def _peak_memory_gib(model, batch: int, imgsz: int, amp: bool, device) -> float | None:
-    """Peak reserved memory (GiB) of one forward + backward at ``batch``; None when it runs out of memory."""
+def profile_memory(model, imgsz: int, amp: bool, policy, measure: Callable) -> list:
+    """Memory (GiB, None once out of memory) of a trial step at each of PROFILE_BATCH_SIZES, on a copy.
+
+    ``measure(step, device)`` runs ``step()`` and returns its peak memory, or None when it ran out
+    of memory; once one size runs out of memory, larger ones are not tried.
+    """
+    probe = deepcopy(model).train()
+    device = next(probe.parameters()).device
+    memory = []
+    for batch in PROFILE_BATCH_SIZES:
+        if None in memory:
+            memory.append(None)
+            continue
+        memory.append(measure(lambda: trial_step(probe, batch, imgsz, amp, policy), device))
+        if memory[-1] is None:
+            LOGGER.info(f"{PREFIX}batch-size {batch} ran out of memory while profiling")
+    return memory
+
+
+def trial_step(model, batch: int, imgsz: int, amp: bool, policy) -> None:
+    """One forward on a ``(batch, 3, imgsz, imgsz)`` zero image and a backward in ``policy``'s scope."""
+    device = next(model.parameters()).device
     model.zero_grad(set_to_none=True)
+    try:
+        images = torch.zeros(batch, 3, imgsz, imgsz, device=device)
+        with torch.autocast(device.type, enabled=amp):
+            outputs = model(images)
+        with policy.backward_scope() if policy is not None else contextlib.nullcontext():
+            _sum_outputs(outputs).backward()
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
+def _cuda_peak_gib(step: Callable, device) -> float | None:
+    """Peak reserved memory (GiB) of ``step()`` on ``device``; None when it runs out of memory."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
-        images = torch.zeros(batch, 3, imgsz, imgsz, device=device)
-        with torch.autocast("cuda", enabled=amp):
-            outputs = model(images)
-        _sum_outputs(outputs).backward()
+        step()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_reserved(device) / GIB
     except torch.cuda.OutOfMemoryError:
-        LOGGER.info(f"{PREFIX}batch-size {batch} ran out of memory while profiling")
         return None
     finally:
-        model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
 
 

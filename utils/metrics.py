@@ -4,10 +4,12 @@ AP follows the COCO evaluator (pycocotools): detections are matched greedily in 
 confidence to the best still-unmatched ground truth of the same class with IoU >= threshold,
 and AP is the mean of the precision envelope sampled at the 101 recall points 0, 0.01, ..., 1,
 for each IoU threshold 0.50, 0.55, ..., 0.95.
+
+Pure computation: curves come back as data (:class:`APCurves`); drawing them is utils/plots.py's job.
 """
 
 import math
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -113,14 +115,32 @@ def compute_ap(recall, precision):
     return float(sampled.mean()), sampled
 
 
-def ap_per_class(tp, conf, pred_cls, target_cls, plot=False, save_dir=Path("."), names=(), eps=1e-16,
-                 prefix=""):
+@dataclass
+class APCurves:
+    """The per-class curves behind :func:`ap_per_class`, for plotting.
+
+    ``confidence`` (1000,) is the x axis of ``precision``, ``recall`` and ``f1`` (nc, 1000);
+    ``recall_points`` (101,) the x axis of ``pr`` (nc, 101) at IoU 0.5; ``ap`` (nc, T); ``names``
+    one label per class with labels.
+    """
+
+    confidence: np.ndarray
+    precision: np.ndarray
+    recall: np.ndarray
+    f1: np.ndarray
+    recall_points: np.ndarray = field(default_factory=lambda: RECALL_POINTS)
+    pr: list = field(default_factory=list)
+    ap: np.ndarray = field(default_factory=lambda: np.zeros((0, len(IOU_THRESHOLDS))))
+    names: list = field(default_factory=list)
+
+
+def ap_per_class(tp, conf, pred_cls, target_cls, names=(), eps=1e-16):
     """Per-class AP over all images.
 
     ``tp`` (n, T) bool from :func:`match_predictions`, ``conf`` (n,), ``pred_cls`` (n,) for every
     detection; ``target_cls`` (m,) for every label. Returns ``tp, fp, p, r, f1`` (nc,) at the
-    confidence of maximum mean F1, ``ap`` (nc, T) and the class ids (nc,) that have labels.
-    With ``plot``, writes PR, F1, P and R curves to ``save_dir``.
+    confidence of maximum mean F1, ``ap`` (nc, T), the class ids (nc,) that have labels, and the
+    :class:`APCurves` (``names`` labels them) for ``utils.plots.plot_ap_curves``.
     """
     tp, conf, pred_cls, target_cls = (np.asarray(a) for a in (tp, conf, pred_cls, target_cls))
     order = np.argsort(-conf, kind="mergesort")
@@ -148,20 +168,12 @@ def ap_per_class(tp, conf, pred_cls, target_cls, plot=False, save_dir=Path("."),
                 pr_curves.append(sampled)
 
     f1 = 2 * p * r / (p + r + eps)
-    class_names = _names_for(classes, names)
-    if plot:
-        from utils.plots import plot_mc_curve, plot_pr_curve
-        save_dir = Path(save_dir)
-        plot_pr_curve(RECALL_POINTS, pr_curves, ap, save_dir / f"{prefix}PR_curve.png", class_names)
-        plot_mc_curve(px, f1, save_dir / f"{prefix}F1_curve.png", class_names, ylabel="F1")
-        plot_mc_curve(px, p, save_dir / f"{prefix}P_curve.png", class_names, ylabel="Precision")
-        plot_mc_curve(px, r, save_dir / f"{prefix}R_curve.png", class_names, ylabel="Recall")
-
+    curves = APCurves(px, p, r, f1, RECALL_POINTS, pr_curves, ap, _names_for(classes, names))
     best = smooth(f1.mean(0), 0.1).argmax() if nc else 0
     p, r, f1 = p[:, best], r[:, best], f1[:, best]
     tp_at_best = (r * label_counts).round()
     fp_at_best = (tp_at_best / (p + eps) - tp_at_best).round()
-    return tp_at_best, fp_at_best, p, r, f1, ap, classes.astype(int)
+    return tp_at_best, fp_at_best, p, r, f1, ap, classes.astype(int), curves
 
 
 def _names_for(classes, names):
@@ -202,11 +214,6 @@ class ConfusionMatrix:
         tp = self.matrix.diagonal()
         fp = self.matrix.sum(1) - tp
         return tp[:-1], fp[:-1]
-
-    def plot(self, normalize=True, save_dir="", names=()):
-        """Write confusion_matrix.png to ``save_dir``; ``normalize`` divides each column by its total."""
-        from utils.plots import plot_confusion_matrix
-        plot_confusion_matrix(self.matrix, list(names), Path(save_dir) / "confusion_matrix.png", normalize)
 
 
 def _one_to_one_matches(iou, threshold):

@@ -275,6 +275,15 @@ def plot_pr_curve(px, py, ap, save_path, names=()):
     _save_figure(fig, save_path, dpi=150)
 
 
+def plot_ap_curves(curves, save_dir, prefix: str = "") -> None:
+    """Write PR, F1, P and R curves from ``utils.metrics.APCurves`` to ``save_dir``."""
+    save_dir = Path(save_dir)
+    plot_pr_curve(curves.recall_points, curves.pr, curves.ap, save_dir / f"{prefix}PR_curve.png", curves.names)
+    for values, ylabel, name in ((curves.f1, "F1", "F1"), (curves.precision, "Precision", "P"),
+                                 (curves.recall, "Recall", "R")):
+        plot_mc_curve(curves.confidence, values, save_dir / f"{prefix}{name}_curve.png", curves.names, ylabel=ylabel)
+
+
 def plot_mc_curve(px, py, save_path, names=(), xlabel="Confidence", ylabel="Metric"):
     """Metric-confidence curves: ``px`` (k,) confidence, ``py`` (nc, k) metric per class."""
     fig = _new_figure((9, 6))

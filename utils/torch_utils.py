@@ -1,29 +1,24 @@
 """PyTorch helpers: device selection, EMA, optimizer groups, model info, RNG state, and the determinism policy.
 
-This module is the one home of determinism in the project. The policy has four modes
-(``off``, ``warn``, ``scoped``, ``strict``; see :func:`configure_determinism`), a backward
-scope that can relax ``torch.use_deterministic_algorithms`` for the backward pass only, and an
-op audit (:func:`audit_model`) that predicts from any device which ops of a model will fail
-under determinism on CUDA. ``python -m utils.torch_utils --audit --cfg MODEL.yaml`` prints it.
+The policy's public face lives here: four modes (``off``, ``warn``, ``scoped``, ``strict``; see
+:func:`configure_determinism`), :func:`temporary_determinism`, and :class:`DeterminismPolicy`,
+whose backward scope can relax ``torch.use_deterministic_algorithms`` for the backward pass only
+and which adopts the op audit's report. The audit itself (op table, tracer, report) is
+``utils/op_audit.py``; its command is ``python audit.py --cfg MODEL.yaml``.
 """
 
-import argparse
 import contextlib
 import math
 import os
 import random
 import sys
-import threading
 import time
-import warnings
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from utils.errors import UserError
@@ -111,19 +106,6 @@ def time_sync() -> float:
     return time.perf_counter()
 
 
-@contextlib.contextmanager
-def torch_distributed_zero_first(local_rank: int):
-    """Let local rank 0 run the block first (e.g. caching a data set); the other ranks wait, then run it."""
-    barrier_args = {}
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        barrier_args = {"device_ids": [max(local_rank, 0)]}
-    if local_rank not in (-1, 0):
-        dist.barrier(**barrier_args)
-    yield
-    if local_rank == 0:
-        dist.barrier(**barrier_args)
-
-
 # ----------------------------------------------------------------------------- models
 
 
@@ -143,7 +125,7 @@ def intersect_dicts(da: dict, db: dict, exclude=()) -> dict:
             if k in db and not any(x in k for x in exclude) and v.shape == db[k].shape}
 
 
-def _input_channels(model: nn.Module) -> int:
+def input_channels(model: nn.Module) -> int:
     """Input channels: ``model.yaml['ch']`` when present, else the first conv weight's dim 1."""
     yaml_dict = getattr(model, "yaml", None)
     if isinstance(yaml_dict, dict) and isinstance(yaml_dict.get("ch"), int):
@@ -167,7 +149,7 @@ def _gflops(model: nn.Module, imgsz) -> float | None:
     try:
         p = next(model.parameters())
         stride = max(int(model.stride.max()), 32) if hasattr(model, "stride") else 32
-        im = torch.zeros((1, _input_channels(model), stride, stride), device=p.device, dtype=p.dtype)
+        im = torch.zeros((1, input_channels(model), stride, stride), device=p.device, dtype=p.dtype)
         with torch.no_grad():
             # eval mode: a training-mode copy would draw from the global RNG (DropPath) and shift
             # the random stream of the run that asked for the summary
@@ -311,29 +293,54 @@ class EarlyStopping:
 # ----------------------------------------------------------------------------- RNG state and seeding
 
 
-def get_rng_state() -> dict:
+def _cuda_ready() -> bool:
+    """True once this process has initialised CUDA (before that no CUDA stream has been drawn from)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _cuda_index(device) -> int:
+    """The CUDA device index of ``device`` (None or ``'cuda'``: the current device)."""
+    index = None if device is None else torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def cuda_rng_state(device=None) -> torch.Tensor | None:
+    """This process's CUDA generator state on ``device`` (default: the current device) as a uint8 CPU
+    tensor; None when CUDA is not initialised (querying would allocate a context on the GPU)."""
+    if not _cuda_ready():
+        return None
+    return torch.cuda.get_rng_state(_cuda_index(device)).clone()
+
+
+def get_rng_state(cuda_by_rank: list | None = None) -> dict:
     """Every RNG stream as plain data that survives ``torch.save`` + ``torch.load(weights_only=True)``.
 
     Keys: ``python`` ([version, 625 ints, gauss_next]), ``numpy`` ([name, 624 ints, pos,
-    has_gauss, cached_gaussian]), ``torch`` (uint8 CPU tensor), ``cuda`` (one uint8 tensor per
-    device; empty when CUDA is not initialised, since then no CUDA stream has been drawn from
-    and initialising it here would allocate a context on every GPU).
+    has_gauss, cached_gaussian]), ``torch`` (uint8 CPU tensor) and ``cuda``: a list indexed by
+    DDP rank, ``cuda[k]`` being rank k's own device generator (uint8 tensor, or None where that
+    rank had not initialised CUDA). Under DDP every rank calls :func:`cuda_rng_state` on its
+    device and the saving rank passes the gathered list as ``cuda_by_rank``; outside DDP the list
+    holds this process's current device (empty before CUDA is initialised).
     """
     py_version, py_internal, py_gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
-    cuda_states = []
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        cuda_states = [s.clone() for s in torch.cuda.get_rng_state_all()]
+    if cuda_by_rank is None:
+        own = cuda_rng_state()
+        cuda_by_rank = [] if own is None else [own]
     return {
         "python": [py_version, list(py_internal), py_gauss],
         "numpy": [np_name, [int(k) for k in np_keys], int(np_pos), int(np_has_gauss), float(np_cached)],
         "torch": torch.get_rng_state().clone(),
-        "cuda": cuda_states,
+        "cuda": [None if s is None else s.clone() for s in cuda_by_rank],
     }
 
 
-def set_rng_state(state: dict) -> None:
-    """Restore streams saved by :func:`get_rng_state`; a malformed state is a UserError."""
+def set_rng_state(state: dict, rank: int = -1, device=None) -> None:
+    """Restore streams saved by :func:`get_rng_state`; a malformed state is a UserError.
+
+    ``rank`` (-1 outside DDP, read as 0) picks this process's entry of ``state["cuda"]``, which is
+    restored into ``device``'s generator (default: the current CUDA device).
+    """
     try:
         py_version, py_internal, py_gauss = state["python"]
         random.setstate((int(py_version), tuple(int(v) for v in py_internal), py_gauss))
@@ -341,16 +348,18 @@ def set_rng_state(state: dict) -> None:
         np.random.set_state((np_name, np.asarray(np_keys, dtype=np.uint32), int(np_pos),
                              int(np_has_gauss), float(np_cached)))
         torch.set_rng_state(state["torch"].cpu().to(torch.uint8))
-        cuda_states = state.get("cuda") or []
+        cuda_states = list(state.get("cuda") or [])
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"RNG state in the checkpoint is malformed ({type(e).__name__}: {e}); "
                         "the checkpoint was not written by this project's train.py") from None
-    if cuda_states and torch.cuda.is_available():
-        if len(cuda_states) != torch.cuda.device_count():
-            LOGGER.warning(f"WARNING: checkpoint holds RNG state for {len(cuda_states)} CUDA devices, "
-                           f"this machine has {torch.cuda.device_count()}; restoring the common ones")
-        for index, s in enumerate(cuda_states[:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s.cpu().to(torch.uint8), index)
+    slot = max(rank, 0)
+    if not cuda_states or not torch.cuda.is_available():
+        return
+    if slot >= len(cuda_states) or cuda_states[slot] is None:
+        LOGGER.warning(f"checkpoint holds no CUDA RNG state for rank {slot} ({len(cuda_states)} saved); "
+                       "this rank's CUDA random stream restarts from the seed")
+        return
+    torch.cuda.set_rng_state(cuda_states[slot].cpu().to(torch.uint8), _cuda_index(device))
 
 
 def _seed_everything(seed: int) -> None:
@@ -359,11 +368,6 @@ def _seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)  # also queues the seed for every CUDA device
     torch.cuda.manual_seed_all(seed)
-
-
-def init_seeds(seed: int = 0, deterministic: bool = False) -> "DeterminismPolicy":
-    """YOLOv5-style entry: seed everything; ``deterministic=True`` means mode ``strict``, else ``off``."""
-    return configure_determinism("strict" if deterministic else "off", seed)
 
 
 # ----------------------------------------------------------------------------- determinism policy
@@ -419,7 +423,7 @@ def _ensure_cublas_workspace() -> None:
     if current in _CUBLAS_DETERMINISTIC_VALUES:
         return
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        LOGGER.warning(f"WARNING: CUDA was initialised with CUBLAS_WORKSPACE_CONFIG={current}; setting "
+        LOGGER.warning(f"CUDA was initialised with CUBLAS_WORKSPACE_CONFIG={current}; setting "
                        f"{CUBLAS_WORKSPACE_CONFIG} now has no effect on cuBLAS in this process. Export "
                        f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE_CONFIG} before starting Python.")
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
@@ -466,23 +470,24 @@ class DeterminismPolicy:
             return temporary_determinism(False)
         return contextlib.nullcontext()
 
-    def adopt_audit(self, report: "AuditReport") -> str:
+    def adopt_audit(self, report) -> str:
         """Apply an :func:`audit_model` report to this run and return one line to log.
 
         ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
         UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
-        only if backward ops need it; forward ops cannot be relaxed and are called out.
+        only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed and
+        are called out. ``report`` is a ``utils.op_audit.AuditReport``.
         """
         failing = report.applicable()
         backward = [f for f in failing if f.phase == "backward"]
-        forward = [f for f in failing if f.phase == "forward"]
+        forward = [f for f in failing if f.phase != "backward"]  # forward and step: nothing relaxes them
         if self.mode == "strict" and failing:
             raise UserError(_strict_failure_message(report.device, failing))
         if self.mode == "scoped":
             self.relax_backward = bool(backward)
         summary = _adoption_summary(self.mode, report, backward, forward, self.relax_backward)
         if self.mode == "scoped" and forward:
-            LOGGER.warning(f"WARNING: {summary}")
+            LOGGER.warning(summary)
         self.audit_summary = summary
         self.audit = report.to_dict()
         return summary
@@ -525,7 +530,7 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
 
 
-def _finding_text(f: "Finding") -> str:
+def _finding_text(f) -> str:
     """``adaptive_max_pool2d_backward (backward, model.9 (SCAM))``."""
     return f"{f.op} ({f.phase}, {f.module})"
 
@@ -539,7 +544,7 @@ def _strict_failure_message(device: str, failing: list) -> str:
             "a deterministic one; see docs/determinism.md")
 
 
-def _adoption_summary(mode: str, report: "AuditReport", backward: list, forward: list, relax: bool) -> str:
+def _adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
     """The line train.py logs after adopting an audit."""
     where = report.device
     if not report.findings:
@@ -550,7 +555,7 @@ def _adoption_summary(mode: str, report: "AuditReport", backward: list, forward:
         verb = "backward relaxed because of" if relax else "non-deterministic backward ops:"
         parts.append(f"{verb} {', '.join(_finding_text(f) for f in backward)}.")
     if forward:
-        parts.append(f"forward ops the backward scope cannot fix (use --deterministic warn or replace the "
+        parts.append(f"forward/step ops the backward scope cannot fix (use --deterministic warn or replace the "
                      f"module): {', '.join(_finding_text(f) for f in forward)}.")
     if elsewhere:
         parts.append(f"would fail on {'/'.join(sorted({d for f in elsewhere for d in f.devices}))} only: "
@@ -560,442 +565,9 @@ def _adoption_summary(mode: str, report: "AuditReport", backward: list, forward:
     return " ".join(parts)
 
 
-# ----------------------------------------------------------------------------- the op table
-
-CUDA_ONLY = ("cuda",)
-CPU_AND_CUDA = ("cpu", "cuda")
-
-
-def _argument_is(name: str, expected) -> Callable[[str, dict], bool]:
-    """Condition: the op's argument ``name`` equals ``expected``."""
-    return lambda overload, arguments: arguments.get(name) == expected
-
-
-@dataclass(frozen=True)
-class NondeterministicOp:
-    """One row of the op table: aten ops torch documents as throwing under determinism.
-
-    ``doc_names`` are the names used in ``torch.use_deterministic_algorithms.__doc__``'s
-    "will throw a RuntimeError" list; ``aten`` the overload packets the audit sees at dispatch
-    (backward kernels for "when attempting to differentiate"); ``devices`` where it throws;
-    ``applies(overload, arguments)`` narrows argument-dependent rows (None: always).
-    """
-
-    doc_names: tuple
-    aten: tuple
-    devices: tuple
-    condition: str = ""
-    applies: Callable[[str, dict], bool] | None = None
-
-    @property
-    def reason(self) -> str:
-        """Human-readable source of the row, e.g. ``torch.Tensor.put_ with accumulate=False``."""
-        return " / ".join(self.doc_names) + (f" with {self.condition}" if self.condition else "")
-
-
-# Built from torch.use_deterministic_algorithms.__doc__ (torch 2.x); tests/test_determinism.py
-# cross-checks it against the installed torch in both directions, so an upgrade that adds or
-# retires an entry fails the suite. Ops torch documents as switching to a deterministic
-# algorithm (index_add, scatter_add_, cumsum, ...) are not failures and are not listed.
-NONDETERMINISTIC_OPS = (
-    NondeterministicOp(("torch.nn.AvgPool3d",), ("avg_pool3d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.AdaptiveAvgPool2d",), ("_adaptive_avg_pool2d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.AdaptiveAvgPool3d",),
-                       ("_adaptive_avg_pool3d_backward", "adaptive_avg_pool3d_backward"), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.AdaptiveMaxPool2d",), ("adaptive_max_pool2d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.FractionalMaxPool2d",), ("fractional_max_pool2d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.FractionalMaxPool3d",), ("fractional_max_pool3d_backward",), CUDA_ONLY),
-    # MaxUnpool1d runs on the 2-D kernel; unpooling throws on every device, forward included.
-    NondeterministicOp(("torch.nn.MaxUnpool1d", "torch.nn.MaxUnpool2d"), ("max_unpool2d",), CPU_AND_CUDA),
-    NondeterministicOp(("torch.nn.MaxUnpool3d",), ("max_unpool3d",), CPU_AND_CUDA),
-    NondeterministicOp(("torch.nn.functional.interpolate",),
-                       ("upsample_linear1d_backward", "upsample_bilinear2d_backward",
-                        "upsample_bicubic2d_backward", "upsample_trilinear3d_backward"),
-                       CUDA_ONLY, "mode linear, bilinear, bicubic or trilinear"),
-    NondeterministicOp(("torch.nn.ReflectionPad1d", "torch.nn.ReflectionPad2d", "torch.nn.ReflectionPad3d"),
-                       ("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward"),
-                       CUDA_ONLY),
-    # Only the image-shaped (2-D target) NLL kernel accumulates with atomics in ATen.
-    NondeterministicOp(("torch.nn.NLLLoss",), ("nll_loss2d_forward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.CTCLoss",), ("_ctc_loss_backward",), CUDA_ONLY),
-    # aten encodes EmbeddingBag's mode as an int: 0 sum, 1 mean, 2 max.
-    NondeterministicOp(("torch.nn.EmbeddingBag",), ("_embedding_bag_backward", "_embedding_bag_dense_backward"),
-                       CUDA_ONLY, "mode='max'", _argument_is("mode", 2)),
-    NondeterministicOp(("torch.Tensor.put_",), ("put_", "put"), CPU_AND_CUDA, "accumulate=False",
-                       _argument_is("accumulate", False)),
-    NondeterministicOp(("torch.Tensor.put_",), ("put_", "put"), CUDA_ONLY, "accumulate=True",
-                       _argument_is("accumulate", True)),
-    NondeterministicOp(("torch.histc",), ("histc",), CUDA_ONLY),
-    NondeterministicOp(("torch.bincount",), ("bincount",), CUDA_ONLY, "weights",
-                       lambda overload, arguments: arguments.get("weights") is not None),
-    # nanmedian shares median's CUDA kernel for the indices output; the plain overload has none.
-    NondeterministicOp(("torch.median",), ("median", "nanmedian"), CUDA_ONLY, "indices output",
-                       lambda overload, arguments: overload != "default"),
-    NondeterministicOp(("torch.nn.functional.grid_sample",),
-                       ("grid_sampler_2d_backward", "grid_sampler_3d_backward"), CUDA_ONLY),
-    NondeterministicOp(("torch.Tensor.scatter_reduce",), ("scatter_reduce", "scatter_reduce_"), CUDA_ONLY,
-                       "reduce='prod'", _argument_is("reduce", "prod")),
-)
-
-# Documented entries the audit deliberately does not check, with the reason.
-EXEMPT_DOC_NAMES = {
-    "torch.Tensor.resize_": "throws only for quantized tensors, which training never uses",
-}
-
-_ROWS_BY_ATEN: dict[str, list] = {}
-for _row in NONDETERMINISTIC_OPS:
-    for _name in _row.aten:
-        _ROWS_BY_ATEN.setdefault(_name, []).append(_row)
-
-
-def _named_arguments(func, args: tuple, kwargs: dict) -> dict:
-    """An aten call's arguments by schema name, defaults filled in (e.g. ``accumulate=False``)."""
-    named = {}
-    for i, schema_arg in enumerate(func._schema.arguments):
-        if i < len(args):
-            named[schema_arg.name] = args[i]
-        elif schema_arg.name in kwargs:
-            named[schema_arg.name] = kwargs[schema_arg.name]
-        elif schema_arg.has_default_value():
-            named[schema_arg.name] = schema_arg.default_value
-    return named
-
-
-def match_nondeterministic(func, args: tuple = (), kwargs: dict | None = None) -> NondeterministicOp | None:
-    """The table row an aten call falls under, or None when it is deterministic everywhere."""
-    rows = _ROWS_BY_ATEN.get(func.overloadpacket.__name__)
-    if not rows:
-        return None
-    overload = func._overloadname
-    arguments = _named_arguments(func, args, kwargs or {})
-    for row in rows:
-        if row.applies is None or row.applies(overload, arguments):
-            return row
-    return None
-
-
-# ----------------------------------------------------------------------------- the op audit
-
-_MODULE_KEY = "determinism_audit_module"  # key in autograd Node.metadata
-_OUTSIDE_MODEL = "(outside the model)"
-_TORCH_ALERT = " does not have a deterministic implementation"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """An op without a deterministic implementation on ``devices``, as issued by ``module`` in ``phase``."""
-
-    op: str
-    phase: str  # "forward" or "backward"
-    module: str  # e.g. "model.24 (SCAM)"
-    devices: tuple
-    reason: str = ""
-
-    def to_dict(self) -> dict:
-        """Plain data."""
-        return {"op": self.op, "phase": self.phase, "module": self.module,
-                "devices": list(self.devices), "reason": self.reason}
-
-
-@dataclass
-class AuditReport:
-    """What :func:`audit_model` saw: table findings plus, from the real run, what torch warned about."""
-
-    device: str
-    imgsz: int
-    findings: list = field(default_factory=list)
-    torch_flagged: list = field(default_factory=list)  # [{"op", "phase", "message"}]
-    op_counts: dict = field(default_factory=dict)  # {"forward": n, "backward": n}
-    torch_version: str = torch.__version__
-
-    @property
-    def clean(self) -> bool:
-        """True when no op of the model lacks a deterministic implementation on CPU or CUDA."""
-        return not self.findings and not self.torch_flagged
-
-    def applicable(self) -> list:
-        """Findings that fail on the audited device, plus torch's own flags the table did not explain."""
-        device_type = torch.device(self.device).type
-        failing = [f for f in self.findings if device_type in f.devices]
-        explained = {f.op for f in failing}
-        for flag in self.torch_flagged:
-            if not any(flag["op"].startswith(op) for op in explained):
-                failing.append(Finding(flag["op"], flag["phase"], "(reported by torch)", (device_type,),
-                                       flag["message"]))
-        return failing
-
-    def format(self) -> str:
-        """A human-readable multi-line report."""
-        counted = ", ".join(f"{n} {phase}" for phase, n in self.op_counts.items())
-        lines = [f"Determinism audit at {self.imgsz}x{self.imgsz} on {self.device} (torch {self.torch_version}): "
-                 f"{counted} aten ops recorded"]
-        if self.findings:
-            op_width = max(len("op"), *(len(f.op) for f in self.findings)) + 2
-            module_width = max(len("module"), *(len(f.module) for f in self.findings)) + 2
-            lines.append(f"  {'op':<{op_width}}{'phase':<10}{'fails on':<10}{'module':<{module_width}}documented as")
-            for f in self.findings:
-                lines.append(f"  {f.op:<{op_width}}{f.phase:<10}{'/'.join(f.devices):<10}"
-                             f"{f.module:<{module_width}}{f.reason}")
-        for flag in self.torch_flagged:
-            lines.append(f"  torch itself flagged on {self.device} in {flag['phase']}: {flag['message']}")
-        if self.clean:
-            lines.append("Result: clean; every op has a deterministic implementation on CPU and CUDA, "
-                         "so --deterministic strict keeps full determinism.")
-        else:
-            lines.append(f"Result: {len(self.findings)} op(s) without a deterministic implementation. Under "
-                         "--deterministic strict these ops stop training on the devices listed; scoped "
-                         "relaxes backward ops only; warn reports them. See docs/determinism.md")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        """Plain data for the run's determinism report."""
-        return {"device": self.device, "imgsz": self.imgsz, "torch_version": self.torch_version,
-                "clean": self.clean, "findings": [f.to_dict() for f in self.findings],
-                "torch_flagged": [dict(flag) for flag in self.torch_flagged], "op_counts": dict(self.op_counts)}
-
-
-def _tensors_in(obj) -> list:
-    """Every tensor inside nested tuples, lists and dicts."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for item in obj for t in _tensors_in(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors_in(item)]
-    return []
-
-
-def _next_sequence_nr() -> int:
-    """The sequence number the next autograd node created on this thread will get.
-
-    Nodes are numbered in creation order per thread, so a module's own nodes are exactly those
-    numbered between its pre-hook and its post-hook.
-    """
-    with torch.enable_grad():
-        probe = torch.zeros((), requires_grad=True).view(())
-    return probe.grad_fn._sequence_nr() + 1
-
-
-class _ModuleTracker:
-    """Forward hooks on every module: a stack of active module paths, and autograd-node tagging.
-
-    After a module's forward, its new autograd nodes (those created since its pre-hook, not yet
-    claimed by an inner module, whose hook ran first) get the module path in ``Node.metadata``,
-    which the backward pass reads through ``torch._C._current_autograd_node()``.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.stack: list[tuple[str, int]] = []  # (module path, first sequence number)
-        self.paused = False  # True while the hooks themselves run ops
-        self.handles = []
-        for name, module in model.named_modules():
-            label = f"{name} ({type(module).__name__})" if name else type(module).__name__
-            self.handles.append(module.register_forward_pre_hook(self._enter(label)))
-            self.handles.append(module.register_forward_hook(self._leave, always_call=True))
-
-    def current(self) -> str:
-        """The innermost active module path."""
-        return self.stack[-1][0] if self.stack else _OUTSIDE_MODEL
-
-    def _enter(self, label: str):
-        def hook(module, args):
-            self.paused = True
-            try:
-                self.stack.append((label, _next_sequence_nr()))
-            finally:
-                self.paused = False
-        return hook
-
-    def _leave(self, module, args, output):
-        label, first = self.stack.pop()
-        pending = [t.grad_fn for t in _tensors_in(output) if t.grad_fn is not None]
-        seen = set()
-        while pending:
-            node = pending.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            if type(node).__name__ == "AccumulateGrad" or node._sequence_nr() < first:
-                continue  # a leaf, or a node made before this module ran
-            # Inner modules tagged their nodes already; walk through them to reach this module's own.
-            node.metadata.setdefault(_MODULE_KEY, label)
-            pending.extend(next_node for next_node, _ in node.next_functions)
-
-    def remove(self) -> None:
-        """Detach every hook."""
-        for handle in self.handles:
-            handle.remove()
-
-
-def _dispatch_mode_base():
-    """``TorchDispatchMode`` (imported lazily: a private torch module, needed only by the audit)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    return TorchDispatchMode
-
-
-def _make_recorder(tracker: _ModuleTracker):
-    """A TorchDispatchMode that counts every aten op and keeps the table's findings with their module."""
-
-    class OpRecorder(_dispatch_mode_base()):
-        def __init__(self):
-            super().__init__()
-            self.phase = "forward"
-            self.findings: dict = {}
-            self.op_counts = {"forward": 0, "backward": 0}
-            self.lock = threading.Lock()  # CUDA backward runs on autograd worker threads
-
-        def _module(self) -> str:
-            if self.phase == "forward":
-                return tracker.current()
-            current_node = getattr(torch._C, "_current_autograd_node", None)  # absent in older torch
-            node = current_node() if current_node else None
-            return node.metadata.get(_MODULE_KEY, _OUTSIDE_MODEL) if node is not None else _OUTSIDE_MODEL
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if not tracker.paused:
-                row = match_nondeterministic(func, args, kwargs)
-                with self.lock:
-                    self.op_counts[self.phase] += 1
-                    if row is not None:
-                        finding = Finding(func.overloadpacket.__name__, self.phase, self._module(),
-                                          row.devices, row.reason)
-                        self.findings.setdefault((finding.op, finding.phase, finding.module), finding)
-            return func(*args, **kwargs)
-
-    return OpRecorder()
-
-
-def _sum_outputs(output) -> torch.Tensor | None:
-    """Sum of every floating output that requires grad (a loss for any output structure), or None."""
-    parts = [t.float().sum() for t in _tensors_in(output) if t.is_floating_point() and t.requires_grad]
-    return torch.stack(parts).sum() if parts else None
-
-
-def _torch_flags(caught: list, phase: str) -> list:
-    """torch's 'does not have a deterministic implementation' warnings as ``{op, phase, message}``."""
-    flags = []
-    for w in caught:
-        message = str(w.message).strip().splitlines()[0]
-        if _TORCH_ALERT in message:
-            op = message.split(_TORCH_ALERT)[0].strip()
-            flags.append({"op": op, "phase": phase, "message": f"{op}{_TORCH_ALERT}"})
-    return flags
-
-
-@contextlib.contextmanager
-def _model_preserved(model: nn.Module):
-    """Restore parameters, buffers (BN running stats), gradients, train/eval flags and RNG streams on exit."""
-    saved_state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
-    saved_grads = {p: p.grad for p in model.parameters()}
-    saved_training = {m: m.training for m in model.modules()}
-    saved_rng = get_rng_state()
-    for p in model.parameters():
-        p.grad = None
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for k, v in model.state_dict(keep_vars=True).items():
-                v.copy_(saved_state[k])
-        for p, grad in saved_grads.items():
-            p.grad = grad
-        for m, training in saved_training.items():
-            m.training = training
-        set_rng_state(saved_rng)
-
-
-def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int = 1,
-                ch: int | None = None) -> AuditReport:
-    """Run one train-mode forward and backward on a ``(batch_size, ch, imgsz, imgsz)`` input and audit it.
-
-    Every aten op is recorded under a TorchDispatchMode; ops in :data:`NONDETERMINISTIC_OPS` become
-    findings with their phase and the innermost module that issued them (the predictive part:
-    valid for CUDA even when run on a CPU). The pass runs under
-    ``use_deterministic_algorithms(True, warn_only=True)``, so ``torch_flagged`` holds what torch
-    itself reports on this device. The loss is the sum of all outputs. The model's parameters,
-    buffers, gradients, train/eval flags and the RNG streams are restored afterwards, so auditing
-    does not change a training run. ``model`` must already be on ``device``.
-    """
-    device = torch.device(device)
-    channels = ch or _input_channels(model)
-    generator = torch.Generator().manual_seed(0)  # the input must not draw from the global stream
-    image = torch.rand((batch_size, channels, imgsz, imgsz), generator=generator).to(device)
-    tracker = _ModuleTracker(model)
-    recorder = _make_recorder(tracker)
-    flags = []
-    try:
-        with _model_preserved(model), temporary_determinism(True, warn_only=True):
-            model.train()
-            with warnings.catch_warnings(record=True) as caught, recorder:
-                warnings.simplefilter("always")
-                loss = _sum_outputs(model(image))
-            flags += _torch_flags(caught, "forward")
-            if loss is not None:
-                with warnings.catch_warnings(record=True) as caught, recorder:
-                    warnings.simplefilter("always")
-                    recorder.phase = "backward"
-                    loss.backward()
-                flags += _torch_flags(caught, "backward")
-    finally:
-        tracker.remove()
-    unique_flags = list({(f["op"], f["phase"]): f for f in flags}.values())
-    return AuditReport(device=str(device), imgsz=imgsz, findings=list(recorder.findings.values()),
-                       torch_flagged=unique_flags, op_counts=dict(recorder.op_counts))
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
-
-    def error(self, message):
-        raise UserError(f"{message}; see python -m utils.torch_utils --help")
-
-
-def _parse_cli(argv) -> argparse.Namespace:
-    """Parse and validate the audit command's flags."""
-    parser = _ArgumentParser(prog="python -m utils.torch_utils",
-                             description="Audit a model for ops without a deterministic implementation.")
-    parser.add_argument("--audit", action="store_true", help="run the determinism op audit")
-    parser.add_argument("--cfg", type=str, help="model YAML, e.g. models/ffca-yolo.yaml")
-    parser.add_argument("--imgsz", type=int, default=256, help="square input size in pixels")
-    parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
-    parser.add_argument("--batch-size", type=int, default=1, help="audit batch size")
-    opt = parser.parse_args(argv)
-    if not opt.audit:
-        raise UserError("nothing to do: pass --audit --cfg MODEL.yaml")
-    if not opt.cfg:
-        raise UserError("--cfg is required: the model YAML to audit, e.g. --cfg models/ffca-yolo.yaml")
-    if not Path(opt.cfg).is_file():
-        raise UserError(f"--cfg {opt.cfg}: file not found; pass a model YAML such as models/ffca-yolo.yaml")
-    if opt.imgsz <= 0:
-        raise UserError(f"--imgsz {opt.imgsz}: must be a positive number of pixels, e.g. 256")
-    if opt.batch_size <= 0:
-        raise UserError(f"--batch-size {opt.batch_size}: must be at least 1")
-    return opt
-
-
-def main(argv=None) -> int:
-    """``python -m utils.torch_utils --audit --cfg X.yaml``: 0 clean, 1 findings, 2 bad arguments."""
-    try:
-        opt = _parse_cli(argv)
-        device = select_device(opt.device)
-        from models.yolo import Model  # lazily: utils must not import models at module level
-        model = Model(opt.cfg).to(device)
-        stride = int(model.stride.max())
-        if opt.imgsz % stride:
-            raise UserError(f"--imgsz {opt.imgsz}: must be a multiple of the model's largest stride {stride}")
-        report = audit_model(model, imgsz=opt.imgsz, device=device, batch_size=opt.batch_size)
-    except UserError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return 2
-    print(report.format())
-    return 0 if report.clean else 1
-
-
 if __name__ == "__main__":
-    from utils.torch_utils import main as _main  # the importable module, so models share its classes
+    # The audit command moved to audit.py; this alias keeps ``python -m utils.torch_utils --audit``
+    # working. It runs the script as a program (not an import), so utils/ gains no upward import.
+    import runpy
 
-    sys.exit(_main())
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "audit.py"), run_name="__main__")

@@ -1,0 +1,172 @@
+"""The dependency rules of docs/architecture.md, checked on the source: no import cycles (function-level
+imports included) and no arrow back up (utils/ -> models/ or an entry script, models/ -> an entry script)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_SCRIPTS = {"train", "val", "detect", "audit", "export", "hubconf"}
+NOT_PROJECT_CODE = {"tests", "benchmarks", "data", "runs", ".git"}
+
+
+def project_modules(root: Path) -> dict:
+    """``{dotted module name: path}`` for every .py file outside tests, benchmarks and data."""
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        if set(parts) & NOT_PROJECT_CODE or any(p.startswith(".") for p in parts):
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def imported_names(source: str, module: str, is_package: bool = False) -> set:
+    """Every dotted name ``source`` imports anywhere (module level, functions, ``__main__`` blocks).
+
+    ``from X import Y`` yields ``X`` and ``X.Y`` (Y may be a submodule); relative imports are made
+    absolute from ``module`` (a package's ``__init__`` counts as the package itself).
+    """
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
+    return {n for n in names if n}
+
+
+def resolve(name: str, known: set) -> str | None:
+    """The longest known module that ``name`` is, or lies inside (``utils.ops.xywh2xyxy`` -> ``utils.ops``)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(root: Path) -> dict:
+    """``{module: set of project modules it imports}``; imports of the module itself are dropped."""
+    modules = project_modules(root)
+    known = set(modules)
+    graph = {}
+    for name, path in modules.items():
+        imported = imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+        targets = {resolve(n, known) for n in imported}
+        graph[name] = {t for t in targets if t and t != name and not name.startswith(f"{t}.")}
+    return graph
+
+
+def find_cycles(graph: dict) -> list:
+    """Strongly connected components with more than one module (each a cycle), sorted."""
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph.get(node, ())):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def upward_imports(graph: dict) -> list:
+    """``'importer -> imported'`` for utils/ importing models/ or an entry script, and models/ an entry script."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        layer = module.split(".")[0]
+        for target in sorted(targets):
+            to_entry = target in ENTRY_SCRIPTS
+            if (layer == "utils" and (to_entry or target.split(".")[0] == "models")) or (layer == "models" and to_entry):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+# ----------------------------------------------------------------------------- the checker itself
+
+
+def test_find_cycles_on_a_synthetic_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": set(), "f": {"g"}, "g": {"f"}}
+    assert find_cycles(graph) == [["a", "b", "c"], ["f", "g"]]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_imported_names_sees_every_import_form():
+    source = """
+import os.path
+import utils.ops as ops
+from . import files
+from .metrics import box_iou
+from .. import train
+
+def late():
+    from models.yolo import Model
+
+if __name__ == "__main__":
+    import audit
+"""
+    names = imported_names(source, "utils.plots")
+    assert {"os.path", "utils.ops", "utils", "utils.files", "utils.metrics", "utils.metrics.box_iou",
+            "train", "models.yolo", "models.yolo.Model", "audit"} <= names
+    assert "utils.files" in imported_names("from . import files", "utils", is_package=True)
+
+
+def test_checker_flags_a_planted_cycle_and_upward_imports(tmp_path):
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("")
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "utils" / "helpers.py").write_text("def f():\n    from models.net import Net\n")
+    (tmp_path / "models" / "net.py").write_text("from utils.helpers import f\nimport train\n")
+    (tmp_path / "train.py").write_text("from models import net\n")
+    (tmp_path / "tests" / "test_x.py").write_text("import train\nimport utils.helpers\n")
+    graph = import_graph(tmp_path)
+    assert "tests.test_x" not in graph
+    assert find_cycles(graph) == [["models.net", "train", "utils.helpers"]]
+    assert upward_imports(graph) == ["models.net -> train", "utils.helpers -> models.net"]
+
+
+# ----------------------------------------------------------------------------- the project
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict:
+    return import_graph(ROOT)
+
+
+def test_the_graph_covers_the_project(graph):
+    assert {"train", "val", "audit", "models.yolo", "utils.torch_utils", "utils.op_audit"} <= set(graph)
+    assert "utils.torch_utils" in graph["utils.op_audit"]
+
+
+def test_project_has_no_import_cycles(graph):
+    assert find_cycles(graph) == []
+
+
+def test_no_import_runs_back_up(graph):
+    assert upward_imports(graph) == []
