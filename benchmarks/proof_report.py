@@ -15,6 +15,7 @@ from typing import Callable
 from utils.files import atomic_write_bytes
 
 STATUSES = ("PASS", "FAIL", "SKIP", "INFO")
+NAME_WIDTH = 56
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Proof:
 
     def table(self) -> str:
         """The final table: every row, then the counts."""
-        lines = [f"{'status':<7}{'section':<10}{'check':<52}detail"]
+        lines = [f"{'status':<7}{'section':<10}{'check':<{NAME_WIDTH}} detail"]
         lines += [format_row(r) for r in self.rows]
         lines.append(", ".join(f"{n} {status}" for status, n in self.counts().items())
                      + f" in {self.elapsed():.0f} s (budget {self.budget_s:.0f} s)")
@@ -114,4 +115,4 @@ class Proof:
 
 def format_row(row: Row) -> str:
     """``PASS   ops       adaptive_max_pool2d(1)      audit: raises on cuda; cuda strict: raises``."""
-    return f"{row.status:<7}{row.section:<10}{row.name:<52}{row.detail}"
+    return f"{row.status:<7}{row.section:<10}{row.name:<{NAME_WIDTH}} {row.detail}"
