@@ -76,14 +76,15 @@ class Plan:
     warmup: int
     batches: int
     budget_s: float
+    timing_reserve_s: float  # training runs are stopped this long before the budget ends
 
 
 FULL = Plan((MODELS / "ffca-yolo-n.yaml", MODELS / "l-ffca-yolo.yaml"), MODELS / "ffca-yolo-n.yaml",
             imgsz=256, epochs=2, batch_size=16, workers=4, n_train=96, n_val=16,
             timing=((MODELS / "ffca-yolo.yaml", 640, 16), (MODELS / "yolov5s.yaml", 640, 16)),
-            warmup=3, batches=10, budget_s=290)
+            warmup=3, batches=10, budget_s=290, timing_reserve_s=45)
 QUICK = Plan((TINY,), TINY, imgsz=64, epochs=1, batch_size=4, workers=2, n_train=16, n_val=8,
-             timing=((TINY, 64, 4),), warmup=1, batches=3, budget_s=600)
+             timing=((TINY, 64, 4),), warmup=1, batches=3, budget_s=600, timing_reserve_s=20)
 
 
 def make_data(folder: Path, plan: Plan) -> Path:
@@ -213,7 +214,7 @@ def raw_strict_row(cfg: Path, block: str, device: torch.device, imgsz: int):
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
         torch_op = proof_modules.FLAGGED_OPS[block][1]
-        return verdict(TORCH_ALERT in first and torch_op in first, f"PyTorch: {first[:160]}")
+        return verdict(TORCH_ALERT in str(e) and torch_op in str(e), f"PyTorch: {first[:160]}")
     return verdict(False, "the strict backward did not raise")
 
 
@@ -276,7 +277,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="", help="CUDA index such as 0, or cpu ('' = cuda:0 if available)")
     p.add_argument("--quick", action="store_true", help="small sizes (tiny model, 64 px, 1 epoch): the CPU test")
     p.add_argument("--budget", type=float, default=None, help="wall-clock seconds; later checks are SKIPped")
-    p.add_argument("--jobs", type=int, default=None, help="training processes at once (default 4 on CUDA, 2 on CPU)")
+    p.add_argument("--jobs", type=int, default=None, help="training processes at once (default 6 on CUDA, 2 on CPU)")
     p.add_argument("--workdir", default=None, help="folder for data and runs (default: a temporary one)")
     args = p.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
@@ -299,7 +300,7 @@ def prove(proof: Proof, plan: Plan, device: torch.device, work: Path, jobs: int)
     scam_cfg = proof_modules.write_scam_variant(plan.scam_base, block, work)
     scam_runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, 1, plan.batch_size, plan.workers,
                             custom_modules=True, threads=threads)
-    deadline = time.monotonic() + max(proof.remaining() - 20, 10)  # leave time for the timing section
+    deadline = time.monotonic() + max(proof.remaining() - plan.timing_reserve_s, 10)
     with ThreadPoolExecutor(jobs) as pool:
         reruns = {cfg: start_reruns(pool, runs, cfg, deadline) for cfg in plan.rerun_models}
         scam = start_scam_runs(pool, scam_runs, scam_cfg, deadline)
@@ -318,7 +319,7 @@ def main(argv=None) -> int:
     proof = Proof(Path(args.out), args.budget or plan.budget_s,
                   {"command": " ".join(sys.argv), "device": str(device), "quick": args.quick,
                    "environment": environment_report()})
-    jobs = args.jobs or (4 if device.type == "cuda" else 2)
+    jobs = args.jobs or (6 if device.type == "cuda" else 2)
     complete = False
     try:
         with tempfile.TemporaryDirectory(prefix="gpu_proof_") as folder:

@@ -30,7 +30,7 @@ HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 
 
 def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off", device="cpu", data_yaml=DATA):
-    """A TrainLoop, its loss and a shuffled augmenting loader, as train.py builds them."""
+    """A TrainLoop, its loss and a shuffled augmenting loader, as train.py builds them (AMP on CUDA)."""
     device = torch.device(device)
     policy = configure_determinism(mode, seed=0)
     data = check_dataset(data_yaml)
@@ -41,7 +41,8 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
     model.names = data["names"]
     loader, _ = create_dataloader(data["train"], imgsz, batch_size, max(int(model.stride.max()), 32), hyp=hyp,
                                   augment=True, workers=workers, shuffle=True, seed=0, nc=data["nc"])
-    loop = train.TrainLoop(model, hyp, opt, device, DistInfo(), policy, False, batch_size, data["nc"], imgsz)
+    amp = device.type == "cuda"  # train.py turns AMP on for CUDA once check_amp agrees
+    loop = train.TrainLoop(model, hyp, opt, device, DistInfo(), policy, amp, batch_size, data["nc"], imgsz)
     loop.n_warmup = 0
     if mode != "off":
         train.run_start_up_audit(policy, model, imgsz, device)

@@ -136,7 +136,7 @@ def strict_outcome(op: Callable, device: torch.device) -> tuple[str, str]:
                 torch.cuda.synchronize(device)
     except RuntimeError as e:  # NotImplementedError (no kernel for this dtype) is a RuntimeError too
         first = str(e).strip().splitlines()[0]
-        return ("raises" if TORCH_ALERT in first else "unsupported"), first
+        return ("raises" if TORCH_ALERT in str(e) else "unsupported"), first
     return "runs", ""
 
 

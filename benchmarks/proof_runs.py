@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 LAUNCH_WITH_PROOF_MODULES = "import proof_modules, train; train.cli()"
 CHECKSUM_LINE = re.compile(r"Final EMA weights sha256: ([0-9a-f]{64})")
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def read_log(log_file: Path) -> str:
+    """A run's output without colour codes."""
+    return ANSI_CODE.sub("", log_file.read_text(errors="replace"))
 
 
 @dataclass
@@ -117,7 +123,7 @@ def run_to_end(cmd: list, project: Path, name: str, timeout: float, threads: int
         proc.wait(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-    return RunResult(name, proc.returncode, log_file.read_text(errors="replace"), project / name,
+    return RunResult(name, proc.returncode, read_log(log_file), project / name,
                      time.monotonic() - t0)
 
 
@@ -150,7 +156,7 @@ def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float,
                 time.sleep(0.02)
     finally:
         _kill_group(proc)
-    return position, RunResult(name, proc.returncode, log_file.read_text(errors="replace"), project / name,
+    return position, RunResult(name, proc.returncode, read_log(log_file), project / name,
                                time.monotonic() - t0)
 
 
