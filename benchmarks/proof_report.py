@@ -108,6 +108,10 @@ class Proof:
         """The final table: every row, then the counts."""
         lines = [f"{'status':<7}{'section':<10}{'check':<{NAME_WIDTH}} detail"]
         lines += [format_row(r) for r in self.rows]
+        failed = [r for r in self.rows if r.status == "FAIL"]
+        if failed:
+            lines.append(f"\n{len(failed)} FAIL row(s):")
+            lines += [f"  {r.section}/{r.name}: {r.detail}" for r in failed]
         lines.append(", ".join(f"{n} {status}" for status, n in self.counts().items())
                      + f" in {self.elapsed():.0f} s (budget {self.budget_s:.0f} s)")
         return "\n".join(lines)

@@ -108,3 +108,15 @@ def test_audit_predicts_the_documented_cuda_failures_from_a_cpu():
     assert predicted == {"adaptive_max_pool2d output 1": (True, ["adaptive_max_pool2d_backward (backward)"]),
                          "adaptive_avg_pool2d output 1": (False, []),  # aten computes it as a mean
                          "gather": (False, [])}
+
+
+def test_the_gpu_run_s_scam_model_is_flagged_for_cuda_in_every_scam_layer(tmp_path):
+    """What the GPU run checks first, checked here: the published SCAM in ffca-yolo-n, audited on a CPU."""
+    import gpu_proof
+    import proof_modules
+
+    assert proof_modules.flagged_block("cuda") == "UpstreamSCAM"
+    cfg = proof_modules.write_scam_variant(gpu_proof.FULL.scam_base, "UpstreamSCAM", tmp_path)
+    result = gpu_proof.scam_audit_row(cfg, "UpstreamSCAM", "cuda")
+    assert result.status == "PASS", result.detail
+    assert result.detail.startswith("adaptive_max_pool2d_backward for cuda in layers [24, 25, 26]")
