@@ -29,11 +29,11 @@ DATA = ROOT / "data" / "shapes.yaml"
 HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 
 
-def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off", device="cpu"):
-    """A TrainLoop, its loss and a shuffled augmenting loader, as train.py builds them."""
+def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off", device="cpu", data_yaml=DATA):
+    """A TrainLoop, its loss and a shuffled augmenting loader, as train.py builds them (AMP on CUDA)."""
     device = torch.device(device)
     policy = configure_determinism(mode, seed=0)
-    data = check_dataset(DATA)
+    data = check_dataset(data_yaml)
     hyp = yaml_load(HYP)
     opt = train.parse_opt(["--cfg", str(cfg), "--imgsz", str(imgsz), "--batch-size", str(batch_size),
                            "--workers", str(workers)])
@@ -41,13 +41,14 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
     model.names = data["names"]
     loader, _ = create_dataloader(data["train"], imgsz, batch_size, max(int(model.stride.max()), 32), hyp=hyp,
                                   augment=True, workers=workers, shuffle=True, seed=0, nc=data["nc"])
+    amp = device.type == "cuda"  # train.py turns AMP on for CUDA once check_amp agrees
     ctx = train.RunContext(opt=opt, device=device, dist=DistInfo(), policy=policy, save_dir=Path(opt.project),
                            data_dict=data, names=list(data["names"]), imgsz=imgsz, batch_size=batch_size,
                            per_rank_batch=batch_size, plots=False, train_loader=loader)
-    loop = train.TrainLoop(ctx, model, hyp, amp=False)
+    loop = train.TrainLoop(ctx, model, hyp, amp=amp)
     loop.n_warmup = 0
     if mode != "off":
-        train.run_start_up_audit(policy, model, imgsz, device)
+        train.run_start_up_audit(policy, model, imgsz, device, hyp, amp)
     loop.compute_loss = ComputeLoss(model)
     return loop, loader
 
@@ -71,6 +72,26 @@ def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2,
             if len(times) >= warmup + batches:
                 break
         epoch += 1
+    return statistics.median(times[warmup:])
+
+
+def time_fixed_batch(cfg, imgsz: int, batch_size: int, mode: str, device, data_yaml=DATA, warmup: int = 3,
+                     batches: int = 10) -> float:
+    """Median seconds of ``train_step`` on one fixed batch (no data loading), after ``warmup`` steps.
+
+    Timing one batch over and over isolates what a determinism mode costs in the step itself.
+    """
+    loop, compute_loss, loader = build_loop(cfg, imgsz, batch_size, 0, mode, device, data_yaml)
+    loop.model.train()
+    loader.set_epoch(0)
+    imgs, targets, _, _ = next(iter(loader))
+    times = []
+    for i in range(warmup + batches):
+        t = time.perf_counter()
+        loop.train_step(imgs, targets, 0, i, warmup + batches, compute_loss)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
     return statistics.median(times[warmup:])
 
 

@@ -1,0 +1,338 @@
+"""The GPU proof: every single-GPU determinism claim of this project, checked in one command.
+
+    python benchmarks/gpu_proof.py --out proof.json                      # one CUDA GPU, under 5 minutes
+    python benchmarks/gpu_proof.py --device cpu --quick --out proof.json # CPU, about a minute (test suite)
+
+Sections (each row PASS, FAIL, SKIP or INFO; the table is printed and written to ``--out``):
+
+1. ops: for each op of the battery, the CPU audit's prediction against what the device does
+   under ``torch.use_deterministic_algorithms(True)``; every mismatch is a FAIL naming both.
+2. control: ``index_add_`` of 10^6 values into one slot, 20 times: one hash under strict, several
+   without determinism on CUDA (so the proof could see non-determinism if there were any).
+3. reruns: separate ``train.py`` processes (``--deterministic strict``, AMP on by itself on
+   CUDA): a rerun, a ``--workers 0`` rerun, and a run SIGKILLed mid-epoch then ``--resume``d,
+   all with the same final EMA checksum.
+4. scam: FFCA's SCAM as published (``nn.AdaptiveMaxPool2d``; on a CPU a stand-in whose backward
+   needs ``put_``): the audit names it, ``train.py`` strict stops before the first batch with the
+   project's message, a raw strict loop raises PyTorch's own error, ``scoped`` trains, and
+   ``--batch-size -1 --deterministic scoped`` trains.
+5. timing: time per training step and images/s of each mode (off, warn, scoped, strict).
+
+Exit code: 0 without FAIL rows, 1 with any, 2 for bad arguments.
+"""
+
+import argparse
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything in this process starts CUDA
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "benchmarks"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import torch  # noqa: E402
+
+import proof_modules  # noqa: E402  (registers the SCAM variants in this process too)
+from harness import HYP, time_fixed_batch  # noqa: E402
+from models.yolo import Model  # noqa: E402
+from proof_ops import CASES, TORCH_ALERT, battery_case, control_off, control_strict, run_audit  # noqa: E402
+from proof_report import Proof, info, skip, verdict  # noqa: E402
+from proof_runs import RunSettings, finished, kill_and_resume, run_named  # noqa: E402
+from utils.env import environment_report  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files import yaml_load  # noqa: E402
+from utils.loss import ComputeLoss  # noqa: E402
+from utils.torch_utils import select_device, temporary_determinism  # noqa: E402
+
+MODELS = ROOT / "models"
+TINY = ROOT / "tests" / "models" / "tiny.yaml"
+MODES = ("off", "warn", "scoped", "strict")
+LAYER = re.compile(r"model\.(\d+)\b")  # the layer index in an audit finding's module path
+AUDIT_IMGSZ = 64  # the audit's findings do not depend on the image size
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one proof: the full GPU proof or the quick one the CPU test suite runs."""
+
+    rerun_models: tuple
+    scam_base: Path
+    imgsz: int
+    epochs: int
+    batch_size: int
+    workers: int
+    n_train: int
+    n_val: int
+    timing: tuple  # (model YAML, imgsz, batch size) per timed model
+    warmup: int
+    batches: int
+    budget_s: float
+    timing_reserve_s: float  # training runs are stopped this long before the budget ends
+
+
+FULL = Plan((MODELS / "ffca-yolo-n.yaml", MODELS / "l-ffca-yolo.yaml"), MODELS / "ffca-yolo-n.yaml",
+            imgsz=256, epochs=2, batch_size=16, workers=4, n_train=96, n_val=16,
+            timing=((MODELS / "ffca-yolo.yaml", 640, 16), (MODELS / "yolov5s.yaml", 640, 16)),
+            warmup=3, batches=10, budget_s=290, timing_reserve_s=45)
+QUICK = Plan((TINY,), TINY, imgsz=64, epochs=1, batch_size=4, workers=2, n_train=16, n_val=8,
+             timing=((TINY, 64, 4),), warmup=1, batches=3, budget_s=600, timing_reserve_s=20)
+
+
+def make_data(folder: Path, plan: Plan) -> Path:
+    """Generate the shapes data set into ``folder`` with data/scripts/make_shapes.py; returns its YAML."""
+    spec = importlib.util.spec_from_file_location("make_shapes", ROOT / "data" / "scripts" / "make_shapes.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    generator.make_shapes(folder / "shapes", n_train=plan.n_train, n_val=plan.n_val, seed=0)
+    data_yaml = folder / "shapes.yaml"
+    data_yaml.write_text(f"path: {folder / 'shapes'}\ntrain: images/train\nval: images/val\n"
+                         "names: [circle, square, triangle, cross]\n")
+    return data_yaml
+
+
+# ----------------------------------------------------------------------------- ops and control
+
+
+def ops_section(proof: Proof, device: torch.device) -> None:
+    """One row per battery case, then the detection control."""
+    for name in CASES:
+        proof.check("ops", name, lambda name=name: battery_case(name, device))
+    proof.check("control", "index_add_ 10^6 -> 1 slot x20, strict", lambda: control_strict(device))
+    proof.check("control", "index_add_ 10^6 -> 1 slot x20, off", lambda: control_off(device))
+
+
+# ----------------------------------------------------------------------------- training runs
+
+
+def start_reruns(pool, settings: RunSettings, cfg: Path, deadline: float) -> dict:
+    """Submit the reference run, a rerun, a ``--workers 0`` rerun and a kill-and-resume run of ``cfg``."""
+    stem = cfg.stem
+    runs = {"first": (), "again": (), "workers0": ("--workers", "0")}
+    futures = {key: pool.submit(run_named, settings, cfg, f"{stem}-{key}", deadline, *flags)
+               for key, flags in runs.items()}
+    futures["killed"] = pool.submit(kill_and_resume, settings, cfg, f"{stem}-killed", deadline)
+    return futures
+
+
+def same_checksum(first, run, what: str):
+    """PASS when ``run`` ended with the reference run ``first``'s final EMA checksum."""
+    finished(first)
+    finished(run)
+    return verdict(run.checksum() == first.checksum(),
+                   f"{what}: {run.checksum()[:16]} vs {first.checksum()[:16]}",
+                   reference=first.checksum(), other=run.checksum())
+
+
+def reference_row(futures: dict):
+    """The reference run finished under strict with a clean audit and printed its checksum."""
+    run = futures["first"].result()
+    finished(run)
+    report = run.report()
+    ok = (report["mode"] == "strict" and report["relaxed_backward"] is False
+          and run.printed_checksum() == run.checksum())
+    return verdict(ok, f"exit 0 in {run.seconds:.0f} s, mode {report['mode']}, relaxed "
+                       f"{report['relaxed_backward']}, printed sha256 {run.printed_checksum()} = weights/sha256.txt "
+                       f"{run.checksum()}", sha256=run.checksum(), seconds=run.seconds)
+
+
+def log_row(futures: dict, cuda: bool, needle: str, wanted: bool, what: str):
+    """CUDA only: every finished run's log does (``wanted``) or does not contain ``needle``."""
+    if not cuda:
+        return skip(f"CUDA only: {what}")
+    runs = [futures[k].result() for k in ("first", "again", "workers0")]
+    found = [run.name for run in runs if (needle in run.log) != wanted]
+    return verdict(not found, f"{what}: {'all runs' if not found else 'not in ' + ', '.join(found)}")
+
+
+def rerun_rows(proof: Proof, cfg: Path, futures: dict, cuda: bool) -> None:
+    """The rows of one model's reruns."""
+    stem = cfg.stem
+    proof.check("reruns", f"{stem}: strict run, clean audit, checksum", lambda: reference_row(futures))
+    proof.check("reruns", f"{stem}: rerun bit-identical",
+                lambda: same_checksum(futures["first"].result(), futures["again"].result(), "rerun"))
+    proof.check("reruns", f"{stem}: --workers 0 bit-identical",
+                lambda: same_checksum(futures["first"].result(), futures["workers0"].result(), "--workers 0"))
+
+    def resumed():
+        position, run = futures["killed"].result()
+        result = same_checksum(futures["first"].result(), run,
+                               f"SIGKILL at epoch {position[0]} batch {position[1]}, --resume")
+        result.data["position"] = position
+        return result
+
+    proof.check("reruns", f"{stem}: SIGKILL mid-epoch + --resume bit-identical", resumed)
+    proof.check("reruns", f"{stem}: AMP on", lambda: log_row(futures, cuda, "AMP: checks passed", True,
+                                                             "'AMP: checks passed' logged"))
+    proof.check("reruns", f"{stem}: CUBLAS_WORKSPACE_CONFIG set in time",
+                lambda: log_row(futures, cuda, "has no effect", False, "no 'has no effect' cuBLAS warning"))
+
+
+# ----------------------------------------------------------------------------- the SCAM
+
+
+def start_scam_runs(pool, settings: RunSettings, cfg: Path, deadline: float) -> dict:
+    """Submit strict, scoped and AutoBatch-scoped runs of the flagged SCAM model."""
+    runs = {"strict": ("--deterministic", "strict"), "scoped": ("--deterministic", "scoped"),
+            "autobatch": ("--deterministic", "scoped", "--batch-size", "-1")}
+    return {key: pool.submit(run_named, settings, cfg, f"scam-{key}", deadline, *flags) for key, flags in runs.items()}
+
+
+def scam_audit_row(cfg: Path, block: str, device_type: str):
+    """The CPU audit names the block's op in every layer that holds the block."""
+    model = Model(cfg, nc=4)
+    layers = [i for i, m in enumerate(model.model) if type(m).__name__ == block]
+    audit_op = proof_modules.FLAGGED_OPS[block][0]
+    report = run_audit(model, AUDIT_IMGSZ, "cpu", 2, 3)
+    hits = [f for f in report.findings if f.op == audit_op and device_type in f.devices]
+    flagged_layers = sorted({int(m.group(1)) for f in hits if (m := LAYER.match(f.module))})
+    return verdict(flagged_layers == layers, f"{audit_op} for {device_type} in layers {flagged_layers} "
+                                             f"(the {block} layers: {layers})",
+                   findings=[f.to_dict() for f in report.findings])
+
+
+def raw_strict_row(cfg: Path, block: str, device: torch.device, imgsz: int):
+    """A plain strict training step (no audit, no policy) raises PyTorch's own error in the backward."""
+    model = Model(cfg, nc=4).to(device).train()
+    model.hyp = {**yaml_load(HYP), "label_smoothing": 0.0}
+    generator = torch.Generator().manual_seed(0)
+    imgs = torch.rand((2, 3, imgsz, imgsz), generator=generator).to(device)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2], [1, 2, 0.3, 0.6, 0.1, 0.15]], device=device)
+    with torch.autocast(device.type, enabled=device.type == "cuda"):
+        loss, _ = ComputeLoss(model)(model(imgs), targets)
+    try:
+        with temporary_determinism(True):
+            loss.backward()
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        torch_op = proof_modules.FLAGGED_OPS[block][1]
+        return verdict(TORCH_ALERT in str(e) and torch_op in str(e), f"PyTorch: {first[:160]}")
+    return verdict(False, "the strict backward did not raise")
+
+
+def strict_stop_row(future, block: str):
+    """train.py strict exits 2 with the project's one-line message before any batch ran."""
+    run = future.result()
+    audit_op = proof_modules.FLAGGED_OPS[block][0]
+    errors = [line for line in run.log.splitlines() if line.startswith("ERROR: ")]
+    started = "Starting training" in run.log or (run.run_dir / "weights" / "last.pt").exists()
+    ok = run.returncode == 2 and len(errors) == 1 and "--deterministic strict" in errors[0] \
+        and audit_op in errors[0] and not started and "Traceback" not in run.log
+    return verdict(ok, f"exit {run.returncode}, training started: {started}: {(errors or [run.tail()])[0][:200]}")
+
+
+def scoped_row(future, what: str):
+    """The run trained to the end with the backward relaxed."""
+    run = future.result()
+    finished(run)
+    relaxed = run.report()["relaxed_backward"]
+    autobatch = [line.strip() for line in run.log.splitlines() if "AutoBatch" in line]
+    return verdict(relaxed is True, f"{what}: exit 0 in {run.seconds:.0f} s, relaxed backward {relaxed}"
+                                    + (f"; {autobatch[-1][:120]}" if autobatch else ""))
+
+
+def scam_section(proof: Proof, device: torch.device, futures: dict, cfg: Path, block: str, imgsz: int) -> None:
+    """The SCAM rows (run futures were submitted earlier); ``block`` fails under strict on ``device``."""
+    proof.check("scam", f"{block}: CPU audit names its op", lambda: scam_audit_row(cfg, block, device.type))
+    proof.check("scam", f"{block}: raw strict loop raises PyTorch's error",
+                lambda: raw_strict_row(cfg, block, device, imgsz))
+    proof.check("scam", f"{block}: train.py strict stops before batch 1",
+                lambda: strict_stop_row(futures["strict"], block))
+    proof.check("scam", f"{block}: train.py scoped trains", lambda: scoped_row(futures["scoped"], "scoped"))
+    proof.check("scam", f"{block}: --batch-size -1 scoped trains",
+                lambda: scoped_row(futures["autobatch"], "AutoBatch + scoped"))
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def timing_section(proof: Proof, plan: Plan, device: torch.device, data_yaml: Path) -> None:
+    """Time per training step on one fixed batch, per mode, with the ratio to ``off``."""
+    for cfg, imgsz, batch in plan.timing:
+        base = {}
+        for mode in MODES:
+            def measure(mode=mode, cfg=cfg, imgsz=imgsz, batch=batch):
+                seconds = time_fixed_batch(cfg, imgsz, batch, mode, device, data_yaml, plan.warmup, plan.batches)
+                base.setdefault("off", seconds)
+                return info(f"{seconds * 1000:.1f} ms/batch, {batch / seconds:.1f} img/s, "
+                            f"x{seconds / base['off']:.3f} vs off", seconds=seconds, images_per_s=batch / seconds)
+            proof.check("timing", f"{cfg.stem} {imgsz}px batch {batch}: {mode}", measure)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command's flags."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="proof.json", help="JSON record (written atomically, also during the run)")
+    p.add_argument("--device", default="", help="CUDA index such as 0, or cpu ('' = cuda:0 if available)")
+    p.add_argument("--quick", action="store_true", help="small sizes (tiny model, 64 px, 1 epoch): the CPU test")
+    p.add_argument("--budget", type=float, default=None, help="wall-clock seconds; later checks are SKIPped")
+    p.add_argument("--jobs", type=int, default=None, help="training processes at once (default 6 on CUDA, 2 on CPU)")
+    p.add_argument("--workdir", default=None, help="folder for data and runs (default: a temporary one)")
+    args = p.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: must be at least 1")
+    if args.budget is not None and args.budget <= 0:
+        raise UserError(f"--budget {args.budget}: must be a positive number of seconds")
+    return args
+
+
+def prove(proof: Proof, plan: Plan, device: torch.device, work: Path, jobs: int) -> None:
+    """Run every section into ``proof``; training processes run ``jobs`` at a time."""
+    cuda = device.type == "cuda"
+    ops_section(proof, device)
+    data_yaml = make_data(work, plan)
+    child_device = str(device.index or 0) if cuda else "cpu"
+    threads = None if cuda else max(1, (os.cpu_count() or 1) // jobs)
+    runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, plan.epochs, plan.batch_size, plan.workers,
+                       threads=threads)
+    block = proof_modules.flagged_block(device.type)
+    scam_cfg = proof_modules.write_scam_variant(plan.scam_base, block, work)
+    scam_runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, 1, plan.batch_size, plan.workers,
+                            custom_modules=True, threads=threads)
+    deadline = time.monotonic() + max(proof.remaining() - plan.timing_reserve_s, 10)
+    with ThreadPoolExecutor(jobs) as pool:
+        reruns = {cfg: start_reruns(pool, runs, cfg, deadline) for cfg in plan.rerun_models}
+        scam = start_scam_runs(pool, scam_runs, scam_cfg, deadline)
+        scam_section(proof, device, scam, scam_cfg, block, plan.imgsz)
+        for cfg, futures in reruns.items():
+            rerun_rows(proof, cfg, futures, cuda)
+    timing_section(proof, plan, device, data_yaml)
+
+
+@exit_on_user_error
+def main(argv=None) -> int:
+    """Run the proof, print the table, write ``--out``; 0 without FAIL rows, else 1."""
+    args = parse_args(argv)
+    device = select_device(args.device)
+    plan = QUICK if args.quick else FULL
+    proof = Proof(Path(args.out), args.budget or plan.budget_s,
+                  {"command": " ".join(sys.argv), "device": str(device), "quick": args.quick,
+                   "environment": environment_report()})
+    jobs = args.jobs or (6 if device.type == "cuda" else 2)
+    complete = False
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpu_proof_") as folder:
+            work = Path(args.workdir or folder)
+            work.mkdir(parents=True, exist_ok=True)
+            prove(proof, plan, device, work, jobs)
+        complete = True
+    finally:
+        proof.write(complete=complete)
+    print("\n" + proof.table())
+    print(f"Record: {Path(args.out).resolve()}")
+    return 1 if proof.counts()["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The GPU proof's op battery and its detection control.
+
+Battery: each case wraps one op in a tiny module (``op(x * scale)``, so the backward reaches a
+parameter). The audit, run on the CPU, predicts whether the op fails under strict determinism on
+the target device; the target device then runs a forward and backward under
+``torch.use_deterministic_algorithms(True)`` and either raises PyTorch's "does not have a
+deterministic implementation" error or not. A row passes when prediction and device agree.
+
+Control: ``index_add_`` of 10^6 values into one slot, repeated; without determinism a CUDA GPU
+accumulates with atomics in a varying order (several hashes), under strict it must give one.
+"""
+
+import hashlib
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from proof_report import Verdict, info, skip, verdict
+from utils.op_audit import audit_model
+from utils.torch_utils import temporary_determinism
+
+TORCH_ALERT = "does not have a deterministic implementation"
+BATCH, CHANNELS, SIZE = 2, 4, 8
+
+
+def run_audit(model: nn.Module, imgsz: int, device, batch_size: int, ch: int):
+    """The CPU audit of one training step of ``model`` (the prediction the device is checked against)."""
+    return audit_model(model, imgsz=imgsz, device=device, batch_size=max(batch_size, 2), ch=ch)
+
+
+class SingleOp(nn.Module):
+    """``(B, C, H, W) -> op(x * scale)``: one op under test, reached by the backward through ``scale``."""
+
+    def __init__(self, op: Callable, channels: int = CHANNELS):
+        super().__init__()
+        self.op = op
+        self.scale = nn.Parameter(torch.ones(1, channels, 1, 1))
+
+    def forward(self, x: torch.Tensor):
+        return self.op(x * self.scale)
+
+
+def _cycle(n: int, k: int, like: torch.Tensor) -> torch.Tensor:
+    """``[0, 1, .., k-1, 0, 1, ..]`` of length ``n`` on ``like``'s device: indices with collisions."""
+    return torch.arange(n, device=like.device) % k
+
+
+def _grid(y: torch.Tensor) -> torch.Tensor:
+    """A slightly rotated sampling grid ``(B, H, W, 2)`` for ``grid_sample``."""
+    theta = torch.tensor([[0.9, 0.1, 0.05], [-0.1, 0.9, 0.0]], device=y.device, dtype=y.dtype)
+    return F.affine_grid(theta.expand(y.shape[0], 2, 3), list(y.shape), align_corners=False)
+
+
+def _nll(y: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Image-shaped NLL loss (aten ``nll_loss2d``) against each pixel's own arg-max class."""
+    return F.nll_loss(F.log_softmax(y, 1), y.detach().argmax(1), reduction=reduction)
+
+
+def _put(y: torch.Tensor):
+    """``put_`` with ``accumulate=False`` (non-deterministic on every device: the battery's CPU control)."""
+    flat = y.detach().flatten().clone()
+    return y.mean(), flat.put_(_cycle(8, 8, y), flat[:8] * 2, accumulate=False)
+
+
+# name -> op on y (B, C, H, W); ops without a gradient return (y.mean(), result) so a backward still runs.
+CASES = {
+    "adaptive_max_pool2d output 1": lambda y: F.adaptive_max_pool2d(y, 1),
+    "adaptive_max_pool2d output 2": lambda y: F.adaptive_max_pool2d(y, 2),
+    "adaptive_avg_pool2d output 1": lambda y: F.adaptive_avg_pool2d(y, 1),
+    "adaptive_avg_pool2d output 2": lambda y: F.adaptive_avg_pool2d(y, 2),
+    "interpolate nearest": lambda y: F.interpolate(y, scale_factor=2, mode="nearest"),
+    "interpolate bilinear": lambda y: F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False),
+    "interpolate bicubic": lambda y: F.interpolate(y, scale_factor=2, mode="bicubic", align_corners=False),
+    "interpolate bilinear antialias": lambda y: F.interpolate(y, size=(3, 3), mode="bilinear", antialias=True),
+    "interpolate bicubic antialias": lambda y: F.interpolate(y, size=(3, 3), mode="bicubic", antialias=True),
+    "reflection pad": lambda y: F.pad(y, (2, 2, 2, 2), mode="reflect"),
+    "replication pad": lambda y: F.pad(y, (2, 2, 2, 2), mode="replicate"),
+    "max_pool2d channels-last": lambda y: F.max_pool2d(y.contiguous(memory_format=torch.channels_last), 2),
+    "grid_sample": lambda y: F.grid_sample(y, _grid(y), align_corners=False),
+    "nll_loss2d mean": lambda y: _nll(y, "mean"),
+    "nll_loss2d none": lambda y: _nll(y, "none"),
+    "histc float": lambda y: (y.mean(), torch.histc(y.detach(), bins=8, min=0, max=1)),
+    "histc int": lambda y: (y.mean(), torch.histc((y.detach() * 8).long(), bins=8, min=0, max=8)),
+    "bincount with weights": lambda y: (y.mean(), torch.bincount(_cycle(y.numel(), 5, y),
+                                                                 weights=y.detach().flatten())),
+    "median with dim": lambda y: torch.median(y.flatten(1), dim=1).values,
+    "kthvalue": lambda y: torch.kthvalue(y.flatten(1), 3, dim=1).values,
+    "index_reduce prod": lambda y: y.new_ones(5).index_reduce(0, _cycle(y.numel(), 5, y), y.flatten(), "prod"),
+    "scatter_reduce prod": lambda y: y.new_ones(y.shape[0], 5).scatter_reduce(
+        1, _cycle(y[0].numel(), 5, y).expand(y.shape[0], -1), y.flatten(1), "prod"),
+    "scatter_reduce sum": lambda y: y.new_zeros(y.shape[0], 5).scatter_reduce(
+        1, _cycle(y[0].numel(), 5, y).expand(y.shape[0], -1), y.flatten(1), "sum"),
+    "index_add": lambda y: y.new_zeros(5).index_add(0, _cycle(y.numel(), 5, y), y.flatten()),
+    "gather": lambda y: torch.gather(y.flatten(1), 1, _cycle(40, 7, y).expand(y.shape[0], -1)),
+    "put_ accumulate=False": _put,
+}
+
+
+def _sample_input(device) -> torch.Tensor:
+    """The battery's input ``(BATCH, CHANNELS, SIZE, SIZE)``, drawn from its own generator."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.rand((BATCH, CHANNELS, SIZE, SIZE), generator=generator).to(device)
+
+
+def _loss(output) -> torch.Tensor | None:
+    """Sum of every floating output that requires grad."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    parts = [t.float().sum() for t in outputs if t.is_floating_point() and t.requires_grad]
+    return torch.stack(parts).sum() if parts else None
+
+
+def strict_outcome(op: Callable, device: torch.device) -> tuple[str, str]:
+    """``('raises' | 'runs' | 'unsupported', PyTorch's first line)`` for a strict forward and backward."""
+    model = SingleOp(op).to(device)
+    x = _sample_input(device)
+    try:
+        with temporary_determinism(True):
+            loss = _loss(model(x))
+            if loss is not None:
+                loss.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+    except RuntimeError as e:  # NotImplementedError (no kernel for this dtype) is a RuntimeError too
+        first = str(e).strip().splitlines()[0]
+        return ("raises" if TORCH_ALERT in str(e) else "unsupported"), first
+    return "runs", ""
+
+
+def predicted_failures(op: Callable, device_type: str) -> tuple[bool, list, str]:
+    """``(predicted to raise on device_type, ['op (phase)', ..], audit device)`` from a CPU audit.
+
+    Where the CPU has no kernel for the op (e.g. ``histc`` on integers) the audit runs on the
+    ``meta`` device instead, which dispatches the same aten ops without computing anything.
+    """
+    try:
+        report, where = run_audit(SingleOp(op), SIZE, "cpu", BATCH, CHANNELS), "cpu"
+    except RuntimeError as e:
+        if "not implemented" not in str(e):
+            raise
+        report, where = run_audit(SingleOp(op).to("meta"), SIZE, "meta", BATCH, CHANNELS), "meta"
+    failing = [f for f in report.findings if device_type in f.devices]
+    return bool(failing), sorted({f"{f.op} ({f.phase})" for f in failing}), where
+
+
+def battery_case(name: str, device: torch.device) -> Verdict:
+    """One row: the CPU audit's prediction for ``device`` against what ``device`` does under strict."""
+    op = CASES[name]
+    predicted, ops, where = predicted_failures(op, device.type)
+    actual, message = strict_outcome(op, device)
+    said = f"audit ({where}): {'raises' if predicted else 'runs'} on {device.type}"
+    data = {"predicted_raises": predicted, "predicted_ops": ops, "audit_device": where,
+            "actual": actual, "torch_message": message}
+    if actual == "unsupported":
+        return skip(f"{device.type} has no kernel for this case: {message}", **data)
+    detail = f"{said}{' ' + ', '.join(ops) if ops else ''}; {device.type} strict: {actual}"
+    if predicted != (actual == "raises"):
+        detail = f"MISMATCH {detail}{': ' + message if message else ''}"
+    return verdict(predicted == (actual == "raises"), detail, **data)
+
+
+def index_add_hashes(device: torch.device, deterministic: bool, repeats: int = 20, n: int = 10 ** 6) -> set:
+    """Distinct SHA-256 hashes of ``zeros(1).index_add_(0, zeros(n), values)`` over ``repeats`` runs."""
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = 10.0 ** torch.randint(-3, 4, (n,), generator=generator)
+    values = (torch.randn(n, generator=generator) * magnitudes).to(device)
+    index = torch.zeros(n, dtype=torch.long, device=device)
+    hashes = set()
+    with temporary_determinism(deterministic):
+        for _ in range(repeats):
+            total = torch.zeros(1, device=device).index_add_(0, index, values)
+            hashes.add(hashlib.sha256(total.cpu().numpy().tobytes()).hexdigest())
+    return hashes
+
+
+def control_strict(device: torch.device) -> Verdict:
+    """Under strict the 20 sums must be bit-identical."""
+    hashes = index_add_hashes(device, deterministic=True)
+    return verdict(len(hashes) == 1, f"strict: {len(hashes)} distinct hash(es) in 20 runs", hashes=sorted(hashes))
+
+
+def control_off(device: torch.device) -> Verdict:
+    """Without determinism a GPU should give several sums (so the proof can see non-determinism)."""
+    hashes = index_add_hashes(device, deterministic=False)
+    detail = f"off: {len(hashes)} distinct hash(es) in 20 runs"
+    if device.type != "cuda":
+        return info(f"{detail} (the CPU kernel need not vary; not a claim)", hashes=sorted(hashes))
+    return verdict(len(hashes) > 1, detail, hashes=sorted(hashes))

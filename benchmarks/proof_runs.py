@@ -1,0 +1,190 @@
+"""Training runs for the GPU proof: ``train.py`` in separate processes, SIGKILL and resume, checksums.
+
+Each run is its own Python process, as a user would start it, with its output in ``NAME.log``
+beside its run folder. The environment is the caller's minus ``CUBLAS_WORKSPACE_CONFIG``, so
+``train.py`` has to set that variable itself, in time. Runs whose model uses a block from
+``benchmarks/proof_modules.py`` start through ``python -c "import proof_modules, train; train.cli()"``
+(train.py has no flag for user modules; importing the module registers the block).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+LAUNCH_WITH_PROOF_MODULES = "import proof_modules, train; train.cli()"
+CHECKSUM_LINE = re.compile(r"Final EMA weights sha256: ([0-9a-f]{64})")
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def read_log(log_file: Path) -> str:
+    """A run's output without colour codes."""
+    return ANSI_CODE.sub("", log_file.read_text(errors="replace"))
+
+
+@dataclass
+class RunSettings:
+    """The flags shared by a group of runs."""
+
+    data: Path
+    project: Path
+    device: str
+    imgsz: int
+    epochs: int
+    batch_size: int
+    workers: int
+    mode: str = "strict"
+    custom_modules: bool = False  # start through LAUNCH_WITH_PROOF_MODULES
+    threads: int | None = None  # OMP_NUM_THREADS of each run (CPU runs side by side share the cores)
+    extra: list = field(default_factory=list)
+
+    def command(self, cfg: Path, name: str, *overrides: str) -> list:
+        """The command line of one run; ``overrides`` come last, so they win."""
+        flags = ["--data", str(self.data), "--cfg", str(cfg), "--project", str(self.project), "--name", name,
+                 "--imgsz", str(self.imgsz), "--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
+                 "--workers", str(self.workers), "--device", self.device, "--deterministic", self.mode,
+                 "--noplots", "--exist-ok", "--save-interval", "0", *self.extra, *overrides]
+        return launcher(self.custom_modules) + flags
+
+
+def launcher(custom_modules: bool) -> list:
+    """``[python, train.py]``, or the ``-c`` launcher that registers the proof's blocks first."""
+    return [sys.executable, "-c", LAUNCH_WITH_PROOF_MODULES] if custom_modules else [sys.executable, "train.py"]
+
+
+def child_env(threads: int | None = None) -> dict:
+    """The environment of a run: benchmarks/ importable, no inherited CUBLAS_WORKSPACE_CONFIG."""
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCHMARKS), str(ROOT), env.get("PYTHONPATH")]))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+@dataclass
+class RunResult:
+    """A finished (or killed) process: its exit code, log and run folder."""
+
+    name: str
+    returncode: int
+    log: str
+    run_dir: Path
+    seconds: float
+
+    def checksum(self) -> str:
+        """The final EMA weights' SHA-256 from ``weights/sha256.txt``."""
+        return (self.run_dir / "weights" / "sha256.txt").read_text().split()[0]
+
+    def printed_checksum(self) -> str | None:
+        """The last ``Final EMA weights sha256: ...`` line of the log."""
+        found = CHECKSUM_LINE.findall(self.log)
+        return found[-1] if found else None
+
+    def report(self) -> dict:
+        """The run's ``determinism.json``."""
+        return json.loads((self.run_dir / "determinism.json").read_text())
+
+    def tail(self) -> str:
+        """The last non-empty log line, for one-line failure reasons."""
+        lines = [line.strip() for line in self.log.splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "(no output)"
+
+
+def _start(cmd: list, log_file: Path, threads: int | None) -> subprocess.Popen:
+    """Start ``cmd`` in ROOT in its own process group, output to ``log_file``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "wb") as log:
+        return subprocess.Popen(cmd, cwd=ROOT, env=child_env(threads), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process and its data-loader workers (its own process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_to_end(cmd: list, project: Path, name: str, timeout: float, threads: int | None = None) -> RunResult:
+    """Run ``cmd`` to completion (killed after ``timeout`` seconds, then returncode is -9)."""
+    log_file = project / f"{name}.log"
+    t0 = time.monotonic()
+    proc = _start(cmd, log_file, threads)
+    try:
+        proc.wait(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    return RunResult(name, proc.returncode, read_log(log_file), project / name,
+                     time.monotonic() - t0)
+
+
+def _mid_epoch_position(last_pt: Path) -> list | None:
+    """``[epoch, batch]`` of a mid-epoch ``last.pt`` (batch > 0 and still resumable), else None."""
+    if not last_pt.exists():
+        return None
+    ckpt = torch.load(last_pt, weights_only=True, map_location="cpu")
+    position = ckpt.get("next_position")
+    if ckpt.get("optimizer") is None or not position or position[1] <= 0:
+        return None
+    return list(position)
+
+
+def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float,
+                   threads: int | None = None) -> tuple[list | None, RunResult]:
+    """Start ``cmd`` (saving ``last.pt`` after every batch); SIGKILL it once ``last.pt`` is mid-epoch.
+
+    Returns the recorded position (None if the run ended first) and the killed run.
+    """
+    log_file = project / f"{name}.log"
+    last_pt = project / name / "weights" / "last.pt"
+    t0 = time.monotonic()
+    proc = _start(cmd, log_file, threads)
+    position = None
+    try:
+        while time.monotonic() - t0 < timeout and proc.poll() is None and position is None:
+            position = _mid_epoch_position(last_pt)
+            if position is None:
+                time.sleep(0.02)
+    finally:
+        _kill_group(proc)
+    return position, RunResult(name, proc.returncode, read_log(log_file), project / name,
+                               time.monotonic() - t0)
+
+
+def resume(run: RunResult, settings: RunSettings, timeout: float) -> RunResult:
+    """``train.py --resume RUN/weights/last.pt`` to the end; the log goes to ``RUN-resume.log``."""
+    cmd = launcher(settings.custom_modules) + ["--resume", str(run.run_dir / "weights" / "last.pt"),
+                                               "--save-interval", "0"]
+    resumed = run_to_end(cmd, settings.project, f"{run.name}-resume", timeout, settings.threads)
+    return RunResult(resumed.name, resumed.returncode, resumed.log, run.run_dir, resumed.seconds)
+
+
+def kill_and_resume(settings: RunSettings, cfg: Path, name: str, timeout_at: float) -> tuple:
+    """SIGKILL a run mid-epoch, resume it; returns ``(position, resumed RunResult)``."""
+    cmd = settings.command(cfg, name, "--save-interval", "0.000001")
+    position, killed = kill_mid_epoch(cmd, settings.project, name, timeout_at - time.monotonic(), settings.threads)
+    if position is None:
+        raise RuntimeError(f"{name}: no mid-epoch checkpoint before the run ended (exit {killed.returncode}): "
+                           f"{killed.tail()}")
+    return position, resume(killed, settings, timeout_at - time.monotonic())
+
+
+def run_named(settings: RunSettings, cfg: Path, name: str, timeout_at: float, *overrides: str) -> RunResult:
+    """One run of ``cfg`` called ``name`` with ``overrides``, to the end or ``timeout_at`` (monotonic)."""
+    return run_to_end(settings.command(cfg, name, *overrides), settings.project, name,
+                      timeout_at - time.monotonic(), settings.threads)
+
+
+def finished(run: RunResult) -> None:
+    """Raise with the log's last line unless ``run`` exited 0."""
+    if run.returncode != 0:
+        raise RuntimeError(f"{run.name} exited {run.returncode}: {run.tail()}")
