@@ -35,7 +35,7 @@ from utils.autobatch import check_train_batch_size  # noqa: E402
 from utils.checkpoints import float_weights, inference_weights, load_checkpoint, state_dict_sha256  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.ddp import (DistInfo, any_rank_flag, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
+from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch, gather_objects,  # noqa: E402
                        destroy_process_group, dist_info_from_env, init_process_group)
 from utils.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
@@ -56,8 +56,8 @@ from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.op_audit import audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
-                               configure_determinism, de_parallel, intersect_dicts, select_device, set_rng_state,
-                               smart_optimizer)
+                               configure_determinism, cuda_rng_state, de_parallel, intersect_dicts, select_device,
+                               set_rng_state, smart_optimizer)
 
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
@@ -297,7 +297,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
         write_json(save_dir / "determinism.json", determinism_report(
             policy=policy, audit=audit, opt=opt, dist=dist, dataset=dataset, device=device))
     if resume_ckpt is not None:
-        set_rng_state(resume_ckpt["rng"])  # last: start-up work above may have drawn random numbers
+        set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
 
     results, last_epoch = loop.run()
     return report_run_end(ctx, loop, results, last_epoch)
@@ -398,12 +398,17 @@ class TrainLoop:
         self.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
                          output_device=self.dist.local_rank if cuda else None)
 
-    def state(self, position) -> dict:
+    def gather_cuda_rng(self) -> list | None:
+        """Every rank's CUDA generator state for the checkpoint (None outside DDP); all ranks must call it."""
+        return gather_objects(cuda_rng_state(self.device), self.dist) if self.dist.enabled else None
+
+    def state(self, position, cuda_rng=None) -> dict:
+        """The resumable training state at ``position = (epoch, next_batch)``."""
         return training_state(
             model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
             stopper=self.stopper, position=position, best_fitness=self.best_fitness,
             last_opt_step=self.last_opt_step, mloss=self.mloss, opt=self.opt, hyp=self.hyp_for_checkpoint,
-            world_size=self.dist.world_size)
+            world_size=self.dist.world_size, cuda_rng_by_rank=cuda_rng)
 
     def run(self):
         """All epochs; returns (last validation results, last epoch index)."""
@@ -420,9 +425,9 @@ class TrainLoop:
                     break
                 lr = [group["lr"] for group in self.optimizer.param_groups]
                 self.scheduler.step()
-                stop = False
+                stop, cuda_rng = False, self.gather_cuda_rng()
                 if self.dist.is_main:
-                    results, stop = self.end_epoch(epoch, lr)
+                    results, stop = self.end_epoch(epoch, lr, cuda_rng)
                 stop = bool(broadcast_object(stop, self.dist))
                 if self.interrupted or stop:
                     break
@@ -457,10 +462,12 @@ class TrainLoop:
             self.mloss = (self.mloss * i + loss_items) / (i + 1)
             if main:
                 self.show_progress(pbar, epoch, imgs, targets, paths, i)
-            self.interrupted = any_rank_flag(bool(interrupt.requested), self.dist)
-            if i + 1 < nb and (self.interrupted or (ctx.saver.interval_due() and not self.opt.nosave)):
+            interval_save = main and ctx.saver.interval_due() and not self.opt.nosave
+            self.interrupted, save_now = any_rank_flags([interrupt.requested, interval_save], self.dist)
+            if i + 1 < nb and (self.interrupted or save_now):
+                cuda_rng = self.gather_cuda_rng()
                 if main:
-                    ctx.saver.save_last(self.state((epoch, i + 1)))
+                    ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng))
                 if self.interrupted:
                     return False
         return True
@@ -497,7 +504,7 @@ class TrainLoop:
             self.last_opt_step = ni
         return loss_items
 
-    def end_epoch(self, epoch: int, lr: list):
+    def end_epoch(self, epoch: int, lr: list, cuda_rng):
         """Validate, log results.csv, early-stop check, save checkpoints (main process only)."""
         ctx, opt = self.ctx, self.opt
         self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "hyp", "names", "stride"])
@@ -514,7 +521,7 @@ class TrainLoop:
         improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
         ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
         if not opt.nosave or final_epoch or stop or self.interrupted:
-            ctx.saver.save_epoch(self.state((epoch + 1, 0)), epoch, improved)
+            ctx.saver.save_epoch(self.state((epoch + 1, 0), cuda_rng), epoch, improved)
         return results, stop
 
 

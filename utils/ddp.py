@@ -85,15 +85,24 @@ def broadcast_object(obj, info: DistInfo, src: int = 0):
     return holder[0]
 
 
+def gather_objects(obj, info: DistInfo) -> list:
+    """``obj`` (picklable plain data) from every rank, in rank order, on every rank; ``[obj]`` without DDP."""
+    if not (info.enabled and dist.is_initialized()):
+        return [obj]
+    gathered = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def destroy_process_group(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
 
 
-def any_rank_flag(flag: bool, info: DistInfo) -> bool:
-    """True if ``flag`` is set on any rank, so every rank stops at the same batch."""
+def any_rank_flags(flags: list, info: DistInfo) -> list:
+    """Each flag True if it is set on any rank, so every rank stops or saves at the same batch."""
     if not (info.enabled and dist.is_initialized()):
-        return flag
-    tensor = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        return [bool(f) for f in flags]
+    tensor = torch.tensor([int(f) for f in flags], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    return [bool(v) for v in tensor.tolist()]

@@ -31,8 +31,12 @@ def plain_opt(opt) -> dict:
 
 
 def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, position, best_fitness,
-                   last_opt_step, mloss, opt, hyp, world_size=1) -> dict:
-    """Capture the full training state; ``position = (epoch, next_batch)`` is where to continue."""
+                   last_opt_step, mloss, opt, hyp, world_size=1, cuda_rng_by_rank=None) -> dict:
+    """Capture the full training state; ``position = (epoch, next_batch)`` is where to continue.
+
+    ``cuda_rng_by_rank``: every DDP rank's CUDA generator state, gathered by the caller (see
+    :func:`utils.torch_utils.get_rng_state`); None outside DDP.
+    """
     m = de_parallel(model)
     return {
         "model_cfg": deepcopy(m.yaml),
@@ -52,7 +56,7 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
         "last_opt_step": int(last_opt_step),
         "mloss": mloss.detach().cpu().clone(),
         "stopper": stopper.state_dict(),
-        "rng": get_rng_state(),
+        "rng": get_rng_state(cuda_by_rank=cuda_rng_by_rank),
         "opt": plain_opt(opt),
         "hyp": to_plain(dict(hyp)),
         "date": datetime.now().isoformat(),
