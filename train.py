@@ -56,8 +56,8 @@ from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.op_audit import audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
-                               configure_determinism, cuda_rng_state, de_parallel, intersect_dicts, select_device,
-                               set_rng_state, smart_optimizer)
+                               configure_determinism, cuda_rng_state, de_parallel, intersect_dicts,
+                               prepare_cuda_environment, select_device, set_rng_state, smart_optimizer)
 
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
@@ -566,6 +566,7 @@ def main(opt, argv=None):
     dist = dist_info_from_env(opt.local_rank)
     opt, resume_ckpt = resolve_options(opt, argv)
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
+    prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device
     device = select_device(opt.device, batch_size=opt.batch_size)
     if dist.enabled:
         check_ddp_batch(opt.batch_size, dist.world_size)

@@ -429,6 +429,12 @@ def _ensure_cublas_workspace() -> None:
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
 
 
+def prepare_cuda_environment(mode: str) -> None:
+    """Before anything touches CUDA: export what a determinism ``mode`` needs from the environment."""
+    if _check_mode(mode) != "off":
+        _ensure_cublas_workspace()
+
+
 def _check_mode(mode) -> str:
     """Normalise a ``--deterministic`` value (bools map to strict/off); unknown values are a UserError."""
     if isinstance(mode, bool) or mode is None:
