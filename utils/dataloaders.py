@@ -6,7 +6,6 @@ not depend on the number of workers and a resumed epoch sees exactly the batches
 Scanning and the label cache live in utils/label_cache.py, image caching in utils/image_cache.py.
 """
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from utils.augmentations import apply_hsv, hsv_lut, letterbox, mixup, mosaic, random_perspective
-from utils.ddp import DistInfo, barrier, dist_info_from_env
+from utils.ddp import DistInfo, dist_info_from_env, rank_zero_first
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.image_cache import ImageCache, cache_mode
@@ -271,16 +270,6 @@ def _worker_init(_worker_id):
     torch.set_num_threads(1)
 
 
-@contextlib.contextmanager
-def _rank_zero_first(info: DistInfo):
-    """Let rank 0 build caches while the other ranks of an initialised process group wait."""
-    if info.rank > 0:
-        barrier(info)
-    yield
-    if info.rank == 0:
-        barrier(info)
-
-
 def _loader_dist_info(rank: int) -> DistInfo:
     """This loader's place in the job: ``rank`` as the caller gives it (-1: not sharded), the world from torchrun."""
     if rank < 0:
@@ -300,7 +289,7 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
         LOGGER.warning(f"{prefix}--rect is incompatible with shuffle, setting shuffle=False")
         shuffle = False
     info = _loader_dist_info(rank)
-    with _rank_zero_first(info):
+    with rank_zero_first(info):
         dataset = LoadImagesAndLabels(path, imgsz, batch_size, augment=augment, hyp=hyp, rect=rect,
                                       image_weights=image_weights, cache_images=cache, single_cls=single_cls,
                                       stride=int(stride), pad=pad, prefix=prefix, seed=seed, nc=nc)
