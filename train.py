@@ -32,24 +32,23 @@ from models.yolo import Model  # noqa: E402
 from utils.amp import check_amp  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
-from utils.checkpoints import float_weights, inference_weights, load_checkpoint, state_dict_sha256  # noqa: E402
+from utils.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, any_rank_flag, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, init_process_group)
 from utils.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.files import increment_path, yaml_load, yaml_save  # noqa: E402
+from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
 from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
 from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
-from utils.reproducibility import determinism_report, record_checksum, write_json  # noqa: E402
+from utils.reproducibility import determinism_report, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
-from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
-                             strip_optimizer, training_state)
+from utils.run_state import CheckpointSaver, plain_opt, restore_training_state, training_state  # noqa: E402
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.torch_utils import (EarlyStopping, ModelEMA, audit_model, configure_determinism, de_parallel,  # noqa: E402
                                intersect_dicts, select_device, set_rng_state, smart_optimizer)
@@ -231,6 +230,14 @@ def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int) -> dict:
     return hyp
 
 
+def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
+    """Create the run folder once the options and data YAML are checked; a folder that cannot be
+    written is one UserError line before any training (not a traceback after the first epoch)."""
+    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project}"
+    ensure_writable_dir(save_dir / "weights", where)
+    write_run_header(save_dir, opt, hyp)
+
+
 def write_run_header(save_dir: Path, opt, hyp: dict) -> None:
     """hyp.yaml, opt.yaml and environment.yaml: what is needed to rerun or explain this run."""
     yaml_save(save_dir / "hyp.yaml", hyp)
@@ -254,16 +261,14 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     """Train one model; returns the final (P, R, mAP50, mAP50-95, box, obj, cls) of the last validation."""
     hyp = dict(hyp)
     save_dir = Path(opt.save_dir)
-    weights_dir = save_dir / "weights"
     main_process = dist.is_main
     policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
     plots = not opt.evolve and not opt.noplots
+    data_dict = check_dataset(opt.data)  # before the run folder exists: a bad data YAML leaves nothing behind
     if main_process:
-        weights_dir.mkdir(parents=True, exist_ok=True)
-        write_run_header(save_dir, opt, hyp)
+        create_run_folder(save_dir, opt, hyp)
     LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
 
-    data_dict = check_dataset(opt.data)
     nc, names = (1, ["item"]) if opt.single_cls else (int(data_dict["nc"]), list(data_dict["names"]))
     model = build_model(opt, hyp, nc, names, device, resume_ckpt)
     freeze_layers(model, opt.freeze)
@@ -298,14 +303,11 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     results, last_epoch = loop.run(train_loader, val_loader, data_dict, names, per_rank_batch, save_dir,
                                    results_log, plots)
     if loop.interrupted:
-        exit_after_interrupt(loop.interrupt_code, f"python train.py --resume {weights_dir / 'last.pt'}",
-                             show=main_process)
+        exit_after_interrupt(loop.interrupt_code, loop.saver.describe(), loop.saver.resume_command(), main_process)
     if main_process:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
-        checksum = state_dict_sha256(loop.ema.ema.state_dict())
-        results = finish_run(save_dir, data_dict, names, imgsz, per_rank_batch, opt, device, plots, results)
-        record_checksum(save_dir, checksum)
-        LOGGER.info(f"Final EMA weights sha256: {checksum}")
+        final = (last_epoch + 1, 0) if loop.start_epoch < opt.epochs else (loop.start_epoch, loop.start_batch)
+        results = finish_run(loop.saver, final, data_dict, names, imgsz, per_rank_batch, opt, device, plots, results)
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}")
     barrier(dist)
     return results
@@ -391,13 +393,12 @@ class TrainLoop:
     def run(self, train_loader, val_loader, data_dict, names, batch_size, save_dir, results_log, plots):
         """All epochs; returns (last validation results, last epoch index)."""
         opt, main = self.opt, self.dist.is_main
-        saver = CheckpointSaver(save_dir / "weights" / "last.pt", save_dir / "weights" / "best.pt",
-                                save_dir / "weights", opt.save_period, opt.save_interval)
+        self.saver = saver = CheckpointSaver.for_run(save_dir, opt, (self.start_epoch, self.start_batch))
         compute_loss = ComputeLoss(de_parallel(self.model))
         nb = len(train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
-        with GracefulInterrupt() as interrupt:
+        with GracefulInterrupt(describe_saved=saver.describe) as interrupt:
             LOGGER.info(f"Image sizes {self.imgsz} train, {self.imgsz} val\n"
                         f"Using {train_loader.num_workers} dataloader workers\n"
                         f"Logging results to {colorstr('bold', save_dir)}\n"
@@ -448,7 +449,7 @@ class TrainLoop:
             self.interrupted = any_rank_flag(bool(interrupt.requested), self.dist)
             if i + 1 < nb and (self.interrupted or (saver.interval_due() and not opt.nosave)):
                 if main:
-                    saver.save_last(self.state((epoch, i + 1)))
+                    saver.save_last(self.state((epoch, i + 1)), required=not self.interrupted)
                 if self.interrupted:
                     return False
         return True
@@ -521,14 +522,12 @@ def optimizer_step(model, optimizer, scaler, ema) -> None:
         ema.update(model)
 
 
-def finish_run(save_dir, data_dict, names, imgsz, batch_size, opt, device, plots, results):
-    """Strip checkpoints for inference, validate best.pt with plots, draw results.png."""
-    last, best = save_dir / "weights" / "last.pt", save_dir / "weights" / "best.pt"
-    for f in (last, best):
-        if f.exists():
-            strip_optimizer(f)
-    final = best if best.exists() else last
-    if final.exists() and not opt.evolve:
+def finish_run(saver, final, data_dict, names, imgsz, batch_size, opt, device, plots, results):
+    """Check the final weights are on disk (else stop with a one-line error), strip them, record their
+    checksum, validate best.pt (or last.pt) with plots, draw results.png."""
+    save_dir = saver.weights_dir.parent
+    final = saver.finish(final)
+    if not opt.evolve:
         LOGGER.info(f"\nValidating {final}...")
         model = attempt_load(final, device=device, fuse=True)
         results, _, _ = validate.run(
