@@ -264,11 +264,9 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     main_process = dist.is_main
     policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
     plots = not opt.evolve and not opt.noplots
-    data_dict = check_dataset(opt.data)  # before the run folder exists: a bad data YAML leaves nothing behind
-    if main_process:
-        create_run_folder(save_dir, opt, hyp)
     LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
 
+    data_dict = check_dataset(opt.data)
     nc, names = (1, ["item"]) if opt.single_cls else (int(data_dict["nc"]), list(data_dict["names"]))
     model = build_model(opt, hyp, nc, names, device, resume_ckpt)
     freeze_layers(model, opt.freeze)
@@ -281,6 +279,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     per_rank_batch = check_ddp_batch(batch_size, dist.world_size) if dist.enabled else batch_size
     if opt.quad and per_rank_batch % 4:
         raise UserError(f"--quad needs a per-device batch size divisible by 4, got {per_rank_batch}")
+    if main_process:  # only now: bad options, data or model YAMLs leave no run folder behind
+        create_run_folder(save_dir, opt, hyp)
 
     train_loader, dataset, val_loader = build_loaders(data_dict, imgsz, per_rank_batch, grid_size, hyp, opt, dist)
     if resume_ckpt is None:

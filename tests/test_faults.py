@@ -410,12 +410,19 @@ def test_read_only_project_folder_is_one_line_and_exit_2(small_data):
         shutil.rmtree(project, ignore_errors=True)
 
 
-@pytest.mark.slow
-def test_bad_data_yaml_leaves_no_run_folder(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("train: nowhere/images\nval: nowhere/images\nnames: [a]\n")
-    result = run_train(train_cmd(bad, tmp_path / "runs"))
-    assert result.returncode == 2 and result.stderr.startswith("ERROR: ")
+@pytest.mark.parametrize("bad", ["data", "quad"])
+def test_rejected_data_yaml_or_option_leaves_no_run_folder(bad, small_data, tmp_path):
+    import train
+
+    options = dict(cfg=str(TINY), data=str(small_data), imgsz=64, batch_size=2, epochs=1, workers=0, device="cpu",
+                   noplots=True, project=str(tmp_path / "runs"), name="exp")
+    if bad == "data":
+        options["data"] = str(tmp_path / "bad.yaml")
+        Path(options["data"]).write_text("train: nowhere/images\nval: nowhere/images\nnames: [a]\n")
+    else:
+        options["quad"] = True
+    with pytest.raises(UserError):
+        train.run(**options)
     assert not (tmp_path / "runs").exists()
 
 
