@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import write_shapes_dataset
-from utils import checkpoints, files, run_state
+from utils import checkpoints, run_state
 from utils.checkpoints import state_dict_sha256
 from utils.errors import UserError
 from utils.files import atomic_write_bytes, ensure_writable_dir, remove_orphaned_temp_files
