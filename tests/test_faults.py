@@ -477,3 +477,14 @@ def test_two_sigterms_within_a_batch_exit_with_an_honest_report(small_data, tmp_
     report = second[0] if second else out[out.index("Training interrupted."):]
     assert "last.pt is saved" not in out
     assert_disk_matches(tmp_path / "exp" / "weights", report)
+
+
+@pytest.mark.slow
+def test_sigterm_on_a_full_disk_says_nothing_was_saved(small_data, tmp_path):
+    proc, seen = start_with_marker(train_cmd(small_data, tmp_path, "enospc:0", "--epochs", "20"), "Starting training")
+    proc.send_signal(signal.SIGTERM)
+    out = "".join(seen) + proc.communicate(timeout=300)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    report = re.search(r"Training interrupted\..*", out)[0]
+    assert report.endswith("no last.pt; no best.pt.") and "Resume with" not in out, out[-3000:]
+    assert_disk_matches(tmp_path / "exp" / "weights", report)
