@@ -305,6 +305,30 @@ def test_second_signal_within_one_long_op_abandons_the_write_and_exits_at_once(t
     assert target.read_bytes() == b"old complete content" and not list(tmp_path.glob(".*.tmp"))
 
 
+FORKED_WORKER = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from utils.interrupts import GracefulInterrupt
+with GracefulInterrupt() as g:
+    pid = os.fork()  # as a data-loader worker is started
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the workers too
+    os.kill(pid, signal.SIGINT)
+    os.waitpid(pid, 0)
+    time.sleep(0.5)
+    print("parent count", g.count, flush=True)
+"""
+
+
+def test_signals_to_a_forked_worker_are_not_counted_by_the_parent():
+    script = FORKED_WORKER.format(root=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "parent count 0" in done.stdout, done.stdout + done.stderr
+
+
 # ------------------------------------------------------------------------------------ training runs
 
 
