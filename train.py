@@ -32,14 +32,14 @@ from utils.amp import check_amp  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
 from utils.augmentations import random_rescale  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
-from utils.checkpoints import float_weights, inference_weights, load_checkpoint, state_dict_sha256  # noqa: E402
+from utils.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch, gather_objects,  # noqa: E402
                        destroy_process_group, dist_info_from_env, init_process_group)
 from utils.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.files import increment_path, yaml_load, yaml_save  # noqa: E402
+from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
 from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
@@ -49,10 +49,9 @@ from utils.options import (OptionRules, add_shared_flags, check_options, merge_r
                            typed_flags)
 from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
-from utils.reproducibility import determinism_report, record_checksum, write_json  # noqa: E402
+from utils.reproducibility import determinism_report, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
-from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
-                             strip_optimizer, training_state)
+from utils.run_state import CheckpointSaver, plain_opt, restore_training_state, training_state  # noqa: E402
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.op_audit import audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
@@ -215,6 +214,14 @@ def write_run_header(save_dir: Path, opt, hyp: dict) -> None:
     yaml_save(save_dir / "environment.yaml", environment_report())
 
 
+def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
+    """Create the run folder once the options and data YAML are checked; a folder that cannot be
+    written is one UserError line before any training (not a traceback after the first epoch)."""
+    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project}"
+    ensure_writable_dir(save_dir / "weights", where)
+    write_run_header(save_dir, opt, hyp)
+
+
 def run_start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> dict | None:
     """Audit one training step before the first batch when determinism is on; let the policy act on it."""
     if policy.mode == "off":
@@ -262,9 +269,6 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     hyp = dict(hyp)
     save_dir = Path(opt.save_dir)
     policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
-    if dist.is_main:
-        (save_dir / "weights").mkdir(parents=True, exist_ok=True)
-        write_run_header(save_dir, opt, hyp)
     LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
 
     data_dict = check_dataset(opt.data)
@@ -280,18 +284,19 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch_size(opt, dist),
                      plots=not opt.evolve and not opt.noplots)
+    if dist.is_main:  # only now: bad options, data or model YAMLs leave no run folder behind
+        create_run_folder(save_dir, opt, hyp)
     ctx.train_loader, dataset, ctx.val_loader = build_loaders(ctx, hyp, grid_size)
     if resume_ckpt is None:
         prepare_new_run(dataset, model, hyp, ctx)
 
     loop = TrainLoop(ctx, model, hyp, amp)
     ctx.results_log = ResultsLog(save_dir / "results.csv", tensorboard=dist.is_main and not opt.evolve)
-    ctx.saver = CheckpointSaver(ctx.weights_dir / "last.pt", ctx.weights_dir / "best.pt", ctx.weights_dir,
-                                opt.save_period, opt.save_interval)
     if resume_ckpt is not None:
         loop.restore(resume_ckpt)
         ctx.results_log.truncate(loop.start_epoch)
         LOGGER.info(f"Resuming {opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
+    ctx.saver = CheckpointSaver.for_run(save_dir, opt, (loop.start_epoch, loop.start_batch))
     loop.wrap_ddp()
     if dist.is_main:
         write_json(save_dir / "determinism.json", determinism_report(
@@ -314,14 +319,11 @@ def per_rank_batch_size(opt, dist: DistInfo) -> int:
 def report_run_end(ctx: RunContext, loop, results, last_epoch):
     """After the loop: exit on an interrupt, else finish the run on the main process; returns results."""
     if loop.interrupted:
-        exit_after_interrupt(loop.interrupt_code, f"python train.py --resume {ctx.weights_dir / 'last.pt'}",
-                             show=ctx.dist.is_main)
+        exit_after_interrupt(loop.interrupt_code, ctx.saver.describe(), ctx.saver.resume_command(), ctx.dist.is_main)
     if ctx.dist.is_main:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
-        checksum = state_dict_sha256(loop.ema.ema.state_dict())
-        results = finish_run(ctx, results)
-        record_checksum(ctx.save_dir, checksum)
-        LOGGER.info(f"Final EMA weights sha256: {checksum}")
+        final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
+        results = finish_run(ctx, final, results)
         LOGGER.info(f"Results saved to {colorstr('bold', ctx.save_dir)}")
     barrier(ctx.dist)
     return results
@@ -416,7 +418,7 @@ class TrainLoop:
         nb = len(self.ctx.train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
-        with GracefulInterrupt() as interrupt:
+        with GracefulInterrupt(describe_saved=self.ctx.saver.describe) as interrupt:
             self.announce()
             for epoch in range(self.start_epoch, self.opt.epochs):
                 first_batch = self.start_batch if epoch == self.start_epoch else 0
@@ -467,7 +469,7 @@ class TrainLoop:
             if i + 1 < nb and (self.interrupted or save_now):
                 cuda_rng = self.gather_cuda_rng()
                 if main:
-                    ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng))
+                    ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng), required=not self.interrupted)
                 if self.interrupted:
                     return False
         return True
@@ -536,16 +538,13 @@ def optimizer_step(model, optimizer, scaler, ema) -> None:
         ema.update(model)
 
 
-def finish_run(ctx: RunContext, results):
-    """Strip checkpoints for inference, validate best.pt with plots, draw results.png."""
-    last, best = ctx.weights_dir / "last.pt", ctx.weights_dir / "best.pt"
-    for f in (last, best):
-        if f.exists():
-            strip_optimizer(f)
-    final = best if best.exists() else last
-    if final.exists() and not ctx.opt.evolve:
-        LOGGER.info(f"\nValidating {final}...")
-        model = attempt_load(final, device=ctx.device, fuse=True)
+def finish_run(ctx: RunContext, final: tuple, results):
+    """Check the final weights are on disk (else stop with one line), strip them, record their checksum,
+    validate best.pt (or last.pt) with plots, draw results.png."""
+    final_file = ctx.saver.finish(final)
+    if not ctx.opt.evolve:
+        LOGGER.info(f"\nValidating {final_file}...")
+        model = attempt_load(final_file, device=ctx.device, fuse=True)
         results, _, _ = validate.run(
             ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
             single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,

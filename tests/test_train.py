@@ -204,7 +204,7 @@ def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, 
     from utils import run_state
 
     saver = run_state.CheckpointSaver(tmp_path / "last.pt", tmp_path / "best.pt", tmp_path)
-    state = {"model_cfg": {}, "model": {"w": torch.ones(2)}}
+    state = {"model_cfg": {}, "model": {"w": torch.ones(2)}, "next_position": [1, 0]}
     assert saver.save_last(state)
     before = (tmp_path / "last.pt").read_bytes()
 
@@ -212,8 +212,8 @@ def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(run_state, "save_checkpoint", disk_full)
-    assert not saver.save_last({"model_cfg": {}, "model": {"w": torch.zeros(2)}})
-    assert "No space left on device" in "\n".join(log_lines) and "previous last.pt is intact" in "\n".join(log_lines)
+    assert not saver.save_last({"model_cfg": {}, "model": {"w": torch.zeros(2)}, "next_position": [2, 0]})
+    assert "(No space left on device); last.pt still holds after epoch 0, 1 epoch behind" in "\n".join(log_lines)
     assert (tmp_path / "last.pt").read_bytes() == before
 
 

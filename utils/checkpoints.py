@@ -23,16 +23,18 @@ from utils.files import atomic_open, plain_data as to_plain
 REQUIRED_KEYS = ("model_cfg", "model")
 
 
-def save_checkpoint(ckpt: dict, path) -> None:
+def save_checkpoint(ckpt: dict, path, on_commit=None) -> None:
     """Serialise ``ckpt`` to memory, then write it atomically to ``path``.
 
     Values are made plain first (e.g. ``torch.__version__`` is a str subclass that
-    ``weights_only`` loading would refuse). Serialising to memory first means a failure (bad object, full disk) never touches the
-    existing file; the caller sees the OSError and the previous checkpoint stays.
+    ``weights_only`` loading would refuse). Serialising to memory first means a failure (bad
+    object, full disk) never touches the existing file; the caller sees the OSError and the
+    previous checkpoint stays. ``on_commit()`` runs once the new file is in place (see
+    :func:`utils.files.atomic_open`).
     """
     buffer = io.BytesIO()
     torch.save(to_plain(ckpt), buffer)
-    with atomic_open(path, "wb") as f:
+    with atomic_open(path, "wb", on_commit=on_commit) as f:
         f.write(buffer.getbuffer())
 
 

@@ -1,8 +1,17 @@
-"""Files and folders: YAML I/O, run-folder numbering, atomic writes."""
+"""Files and folders: YAML I/O, run-folder numbering, atomic writes, writable-folder checks.
+
+Atomic writes go to a temporary file beside the target (``.NAME.XXXX.tmp``), are fsynced and
+then renamed over the target, so the target is always either the old or the new complete file.
+Writes in progress are registered, so a process that must exit at once (a second Ctrl-C) can
+abandon them cleanly with :func:`abandon_pending_writes` instead of leaving temporary files.
+"""
 
 import contextlib
+import errno
 import os
+import re
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -66,28 +75,114 @@ def increment_path(path, exist_ok: bool = False, sep: str = "", mkdir: bool = Fa
     return path
 
 
+# A rename and its bookkeeping happen together or not at all; re-entrant because a signal handler
+# running on the main thread may abandon writes while that thread is inside a commit.
+_COMMIT_LOCK = threading.RLock()
+_PENDING = {}  # temporary path -> target path of atomic writes in progress (this process)
+_ABANDONED = threading.Event()  # set once the process gave up its writes; later renames refuse
+TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.[A-Za-z0-9_]+\.tmp$")  # tempfile.mkstemp names used below
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux ``/proc``); elsewhere via ``os.umask``."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
-def atomic_open(path, mode: str = "wb"):
+def atomic_open(path, mode: str = "wb", on_commit=None):
     """Open a temporary file beside ``path``; on success flush, fsync and rename it over ``path``.
 
-    A crash, power loss or full disk while writing leaves the previous ``path`` untouched.
+    A crash, power loss or full disk while writing leaves the previous ``path`` untouched. The
+    file gets the permissions ``open()`` would give it (0666 less the umask), not mkstemp's 0600.
+    ``on_commit()`` runs right after the rename, under the same lock as
+    :func:`abandon_pending_writes`, so bookkeeping of what is on disk never lags the disk.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _PENDING[tmp] = path
     try:
         with os.fdopen(fd, mode) as f:
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with _COMMIT_LOCK:
+            if _ABANDONED.is_set():
+                raise OSError(errno.ECANCELED, f"write of {path} abandoned: the process is exiting")
+            os.replace(tmp, path)
+            _PENDING.pop(tmp, None)
+            if on_commit is not None:
+                on_commit()
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        _PENDING.pop(tmp, None)
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_open`)."""
     with atomic_open(path, "wb") as f:
         f.write(data)
+
+
+def abandon_pending_writes() -> list:
+    """Give up every atomic write in progress: delete its temporary file; no rename happens after this.
+
+    For a process about to exit at once (e.g. from a signal watchdog thread). Returns the target
+    paths whose writes were abandoned; each still holds its previous complete content, or is absent.
+    """
+    with _COMMIT_LOCK:
+        _ABANDONED.set()
+        abandoned = []
+        for tmp, target in list(_PENDING.items()):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            abandoned.append(target)
+        _PENDING.clear()
+    return abandoned
+
+
+def remove_orphaned_temp_files(folder, target_suffix: str = ".pt") -> list:
+    """Delete temporary files of atomic writes that an earlier process left (SIGKILL, power loss).
+
+    Only ``.NAME.XXXX.tmp`` files whose NAME ends with ``target_suffix`` and that this process is
+    not writing are removed. Returns ``(path, size_in_bytes)`` pairs of what was removed.
+    """
+    removed = []
+    ours = set(_PENDING)
+    for candidate in Path(folder).glob(".*.tmp"):
+        match = TEMP_NAME.match(candidate.name)
+        if not match or not match["target"].endswith(target_suffix) or str(candidate) in ours:
+            continue
+        with contextlib.suppress(OSError):
+            size = candidate.stat().st_size
+            candidate.unlink()
+            removed.append((candidate, size))
+    return removed
+
+
+def ensure_writable_dir(path, what: str) -> Path:
+    """Create folder ``path`` and prove a file can be written in it; otherwise one UserError line.
+
+    ``what`` names the option the folder came from (e.g. ``--project runs/train``). Write access is
+    tested by writing, because permission bits alone mislead (root, read-only mounts, ACLs).
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise UserError(f"{what}: cannot write in {path} ({reason}); choose a writable folder "
+                        "or fix its permissions") from None
+    return path

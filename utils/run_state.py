@@ -4,6 +4,11 @@ A training state is plain data (see utils/checkpoints.py). It is captured only a
 boundaries; gradients accumulated towards the next optimizer step are stored too, so a
 checkpoint written mid-accumulation (end of an epoch, an interrupt, a mid-epoch save)
 resumes exactly.
+
+:class:`CheckpointSaver` keeps an honest record of what is on disk: which position the last
+good ``last.pt`` holds, whether ``best.pt`` exists and still holds the best epoch. A run keeps
+training after a failed save only while an earlier good ``last.pt`` exists; only a ``last.pt``
+holding the final state is stripped and checksummed (from the file), never a stale one.
 """
 
 import time
@@ -14,9 +19,11 @@ from pathlib import Path
 import torch
 import torchvision
 
-from utils.checkpoints import float_weights, load_checkpoint, save_checkpoint, to_plain
+from utils.checkpoints import float_weights, load_checkpoint, save_checkpoint, state_dict_sha256, to_plain
 from utils.errors import UserError
+from utils.files import remove_orphaned_temp_files
 from utils.logging import LOGGER
+from utils.reproducibility import record_checksum
 from utils.torch_utils import de_parallel, get_rng_state
 
 
@@ -91,49 +98,217 @@ def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scal
     return int(epoch), int(batch), float(ckpt["best_fitness"]), int(ckpt["last_opt_step"]), mloss
 
 
-def strip_optimizer(path) -> None:
-    """Finish a checkpoint for inference: EMA weights in fp16, no optimizer or RNG state."""
+def strip_optimizer(path, on_commit=None) -> str:
+    """Finish a checkpoint for inference: EMA weights in fp16, no optimizer or RNG state.
+
+    Returns the SHA-256 (:func:`state_dict_sha256`) of the weights as read from the file before
+    stripping (the EMA, else the model, as stored: fp32). A failed write raises OSError and leaves
+    the file as it was.
+    """
     ckpt = load_checkpoint(path)
     weights = ckpt.get("ema") or ckpt["model"]
+    checksum = state_dict_sha256(weights)
     ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in weights.items()}
     for key in ("ema", "optimizer", "scheduler", "scaler", "grads", "rng", "mloss"):
         ckpt[key] = None
     ckpt["finished"] = True
-    save_checkpoint(ckpt, path)
+    save_checkpoint(ckpt, path, on_commit=on_commit)
     LOGGER.info(f"Optimizer stripped from {path}, {Path(path).stat().st_size / 1e6:.1f}MB")
+    return checksum
+
+
+class CheckpointNotSaved(UserError):
+    """A checkpoint the run cannot go on without could not be written (one line: what is on disk)."""
+
+
+def describe_position(position) -> str:
+    """``(epoch, next_batch)`` as words: (2, 0) -> 'after epoch 1', (2, 5) -> 'at epoch 2 batch 5'."""
+    epoch, batch = position
+    return f"after epoch {epoch - 1}" if batch == 0 else f"at epoch {epoch} batch {batch}"
+
+
+def epochs_behind(held, now) -> str:
+    """How far a checkpoint at position ``held`` lags the run at position ``now``, in words."""
+    epochs = now[0] - held[0]
+    if epochs <= 0:
+        return "less than an epoch behind"
+    exact = held[1] == 0 and now[1] == 0
+    return f"{'' if exact else 'about '}{epochs} epoch{'s' if epochs != 1 else ''} behind"
+
+
+def error_text(error: Exception) -> str:
+    """The short reason of a failed write, e.g. 'No space left on device'."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
 
 
 class CheckpointSaver:
-    """Writes last.pt / best.pt / epochN.pt; a failed write is reported and the old file kept."""
+    """Writes last.pt / best.pt / epochN.pt and records what each file on disk actually holds.
+
+    ``last_position`` is the position the last good last.pt holds (None: none written by this
+    run, or on resume the checkpoint resumed from); ``best_state`` is 'absent', 'current',
+    'stale' (a newer best epoch could not be saved) or 'earlier' (present before this session).
+    """
 
     def __init__(self, last: Path, best: Path, weights_dir: Path, save_period: int = -1,
-                 save_interval_min: float = 0.0):
+                 save_interval_min: float = 0.0, last_position=None):
         self.last, self.best, self.weights_dir = Path(last), Path(best), Path(weights_dir)
         self.save_period = save_period
         self.interval_s = save_interval_min * 60
         self._last_save = time.monotonic()
+        self.last_position = tuple(last_position) if last_position is not None and self.last.is_file() else None
+        self.last_finished = False
+        self.best_state, self.best_epoch = ("earlier" if self.best.is_file() else "absent"), None
+        self.best_wanted = None  # the best epoch a failed best.pt write could not save
+        self._orphans_checked = False
+
+    @classmethod
+    def for_run(cls, save_dir, opt, start_position) -> "CheckpointSaver":
+        """The saver of a run folder; on --resume of its own last.pt, that file counts as good."""
+        weights = Path(save_dir) / "weights"
+        last = weights / "last.pt"
+        resumed = bool(opt.resume) and Path(str(opt.resume)).resolve() == last.resolve()
+        return cls(last, weights / "best.pt", weights, opt.save_period, opt.save_interval,
+                   last_position=tuple(start_position) if resumed else None)
 
     def interval_due(self) -> bool:
         """True when ``--save-interval`` minutes have passed since the last write."""
         return self.interval_s > 0 and time.monotonic() - self._last_save >= self.interval_s
 
-    def save_last(self, state: dict) -> bool:
-        return self._write(state, self.last)
+    @property
+    def resumable(self) -> bool:
+        """True when last.pt holds a good, unfinished training state written by this run."""
+        return self.last_position is not None and not self.last_finished
+
+    def resume_command(self) -> str | None:
+        """The command that continues this run from last.pt, or None when last.pt cannot be resumed."""
+        return f"python train.py --resume {self.last}" if self.resumable else None
+
+    def save_last(self, state: dict, required: bool = True) -> bool:
+        """Write last.pt. On failure: warn and go on if an earlier good last.pt exists; otherwise
+        raise :class:`CheckpointNotSaved` when ``required`` (training must not continue unsaved)."""
+        position = tuple(state["next_position"])
+        error = self._write(state, self.last, on_commit=lambda: self._last_written(position))
+        if error is None:
+            return True
+        message = f"Could not write {self.last} ({error_text(error)}); "
+        if self.last_position is not None:
+            held = f"last.pt still holds {describe_position(self.last_position)}"
+            LOGGER.warning(f"{message}{held}, {epochs_behind(self.last_position, position)}"
+                           f"{'; training continues' if required else ''}")
+        elif required:
+            raise CheckpointNotSaved(f"{message}no earlier last.pt of this run exists, so nothing is saved; "
+                                     f"free space or fix permissions in {self.weights_dir}, then start again")
+        else:
+            LOGGER.error(f"{message}no last.pt of this run exists")
+        return False
 
     def save_epoch(self, state: dict, epoch: int, improved: bool) -> None:
         """End of an epoch: last.pt always, best.pt when fitness improved, epochN.pt per --save-period."""
-        self._write(state, self.last)
+        self.save_last(state)
         if improved:
-            self._write(state, self.best)
+            self._save_best(state, epoch)
         if self.save_period > 0 and epoch % self.save_period == 0:
-            self._write(state, self.weights_dir / f"epoch{epoch}.pt")
+            path = self.weights_dir / f"epoch{epoch}.pt"
+            error = self._write(state, path)
+            if error is not None:
+                LOGGER.warning(f"Could not write {path} ({error_text(error)}); skipped")
 
-    def _write(self, state: dict, path: Path) -> bool:
+    def _save_best(self, state: dict, epoch: int) -> None:
+        error = self._write(state, self.best, on_commit=lambda: self._best_written(epoch))
+        if error is None:
+            return
+        if self.best_state == "absent":
+            held = "no best.pt exists"
+        else:
+            self.best_state = "stale"
+            held = f"best.pt still holds {self._best_words()}, not the new best epoch {epoch}"
+        self.best_wanted = epoch
+        LOGGER.warning(f"Could not write {self.best} ({error_text(error)}); {held}")
+
+    def _last_written(self, position) -> None:
+        self.last_position, self.last_finished = tuple(position), False
+
+    def _best_written(self, epoch: int) -> None:
+        self.best_state, self.best_epoch = "current", epoch
+
+    def _best_words(self) -> str:
+        return f"epoch {self.best_epoch}" if self.best_epoch is not None else "an epoch of an earlier session"
+
+    def _write(self, state: dict, path: Path, on_commit=None):
+        """Write one checkpoint; returns None on success, else the exception (the old file is intact)."""
+        if not self._orphans_checked:
+            self._orphans_checked = True
+            self._remove_orphans()
         try:
-            save_checkpoint(state, path)
+            save_checkpoint(state, path, on_commit=on_commit)
         except (OSError, RuntimeError) as e:
-            LOGGER.error(f"Could not write {path} ({e}); the previous {path.name} is intact")
-            return False
+            return e
         finally:
             self._last_save = time.monotonic()
-        return True
+        return None
+
+    def _remove_orphans(self) -> None:
+        """Temporary checkpoint files left by a killed earlier process would otherwise fill the disk."""
+        removed = remove_orphaned_temp_files(self.weights_dir, ".pt")
+        if removed:
+            size = sum(s for _, s in removed) / 1e6
+            LOGGER.info(f"Removed {len(removed)} temporary file(s) ({size:.1f}MB) left in {self.weights_dir} "
+                        f"by an interrupted save: {', '.join(p.name for p, _ in removed)}")
+
+    def describe(self) -> str:
+        """One line: what last.pt and best.pt on disk hold right now."""
+        if self.last_position is not None:
+            kind = "with the final weights" if self.last_finished else "(resumable)"
+            last = f"last.pt {describe_position(self.last_position)} {kind}"
+        else:
+            last = "last.pt from before this run" if self.last.is_file() else "no last.pt"
+        if self.best_state == "absent" or not self.best.is_file():
+            best = "no best.pt"
+        elif self.best_state == "stale":
+            best = f"best.pt from {self._best_words()} (stale: the best epoch {self.best_wanted} could not be saved)"
+        else:
+            best = f"best.pt from {self._best_words()}"
+        return f"On disk in {self.weights_dir}: {last}; {best}."
+
+    def finish(self, final_position) -> Path:
+        """End of a run: check last.pt holds ``final_position``, strip it (and a current best.pt),
+        record the weights' SHA-256 read from last.pt; returns the file to validate.
+
+        Raises :class:`CheckpointNotSaved` (one line naming what is on disk) when the final
+        state is not in last.pt: such a run must not end as a success.
+        """
+        final_position = tuple(final_position)
+        if self.last_position != final_position:
+            resume = f" Free space and resume with: {self.resume_command()}" if self.resumable else ""
+            raise CheckpointNotSaved(f"the final weights ({describe_position(final_position)}) could not be saved. "
+                                     f"{self.describe()}{resume}")
+        checksum = self._strip(self.last, on_commit=lambda: setattr(self, "last_finished", True))
+        if self.best.is_file() and self.best_state in ("current", "earlier"):
+            self._strip(self.best)
+        elif self.best_state == "stale":
+            LOGGER.warning(f"{self.best} is stale ({self._best_words()}; the best epoch {self.best_wanted} "
+                           "could not be saved): left as it is, validating last.pt instead")
+        try:
+            record_checksum(self.weights_dir.parent, checksum)
+        except OSError as e:
+            LOGGER.warning(f"Could not write {self.weights_dir / 'sha256.txt'} ({error_text(e)})")
+        LOGGER.info(f"Final EMA weights sha256 (read back from {self.last.name}): {checksum}")
+        usable_best = self.best.is_file() and self.best_state in ("current", "earlier")
+        return self.best if usable_best else self.last
+
+    def _strip(self, path: Path, on_commit=None) -> str:
+        """Strip one final checkpoint; a failed write keeps the full (larger) file and is only a warning."""
+        try:
+            return strip_optimizer(path, on_commit=on_commit)
+        except (OSError, RuntimeError) as e:
+            LOGGER.warning(f"Could not strip {path} ({error_text(e)}); it keeps the full training state")
+            return state_dict_sha256(_stored_weights(path))
+
+
+def _stored_weights(path) -> dict:
+    """The EMA (else model) weights a checkpoint file holds, as stored."""
+    ckpt = load_checkpoint(path)
+    return ckpt.get("ema") or ckpt["model"]
