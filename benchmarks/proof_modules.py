@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from models.ffca import SCAM
 from models.yolo import register_module
+from tests.nondeterministic_module import _PutGradient
 from utils.files import yaml_load, yaml_save
 
 
@@ -39,19 +40,6 @@ class UpstreamSCAM(SCAM):
         mx = self.max_pool(x).view(n, c).softmax(1).view(n, 1, c)
         maps = torch.cat((torch.bmm(avg, value), torch.bmm(mx, value)), 1).view(n, 2, h, w)
         return x + self.context_proj(context) * self.gate(maps).sigmoid()
-
-
-class _PutGradient(torch.autograd.Function):
-    """Identity forward; the backward copies the gradient with ``put_(accumulate=False)``."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        index = torch.arange(grad.numel(), device=grad.device)
-        return grad.clone().put_(index, grad.flatten(), accumulate=False)
 
 
 class PutGradientSCAM(UpstreamSCAM):
