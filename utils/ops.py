@@ -130,36 +130,86 @@ def _check_thresholds(conf_thres, iou_thres, max_det):
         raise UserError(f"--max-det {max_det}: must be a positive integer")
 
 
-def _candidates(x, labels, nc, conf_thres, multi_label):
-    """One image's (N, 5 + nc) predictions -> (n, 6) candidates [x1, y1, x2, y2, conf, cls] above ``conf_thres``."""
-    if labels is not None and len(labels):
-        # save-hybrid: ground-truth boxes join the candidates with full confidence
-        lb = labels.to(x)
-        forced = torch.zeros((len(lb), 5 + nc), device=x.device, dtype=x.dtype)
+def _forced_rows(labels, bs, nc, like):
+    """Per-image ``labels`` (n, 5) [cls, x, y, w, h] -> (rows (m, 5 + nc), image index (m,)) of certain predictions."""
+    rows, images = [], []
+    for xi in range(min(bs, len(labels))):
+        lb = labels[xi].to(like)
+        if not len(lb):
+            continue
+        forced = torch.zeros((len(lb), 5 + nc), device=like.device, dtype=like.dtype)
         forced[:, :4] = lb[:, 1:5]
         forced[:, 4] = 1.0
-        forced[torch.arange(len(lb)), lb[:, 0].long() + 5] = 1.0
-        x = torch.cat((x, forced), 0)
-    x = x[x[:, 4] > conf_thres]
-    scores = x[:, 5:] * x[:, 4:5]  # conf = objectness * class probability
+        forced[torch.arange(len(lb), device=like.device), lb[:, 0].long() + 5] = 1.0
+        rows.append(forced)
+        images.append(torch.full((len(lb),), xi, device=like.device, dtype=torch.long))
+    if not rows:
+        return None, None
+    return torch.cat(rows), torch.cat(images)
+
+
+def _candidates(prediction, labels, nc, conf_thres, multi_label):
+    """All images' (bs, N, 5 + nc) predictions -> (det (m, 6) [x1, y1, x2, y2, conf, cls], image index (m,)).
+
+    Rows stay grouped by image, in prediction order, with any save-hybrid label rows after
+    their image's predictions. Scores are objectness * class probability, kept above ``conf_thres``.
+    """
+    image, anchor = (prediction[..., 4] > conf_thres).nonzero(as_tuple=True)
+    x = prediction[image, anchor]
+    if labels is not None and len(labels):
+        forced, forced_image = _forced_rows(labels, prediction.shape[0], nc, prediction)
+        if forced is not None:
+            keep = forced[:, 4] > conf_thres
+            x, image = torch.cat((x, forced[keep])), torch.cat((image, forced_image[keep]))
+            order = image.argsort(stable=True)
+            x, image = x[order], image[order]
+    scores = x[:, 5:] * x[:, 4:5]
     box = xywh2xyxy(x[:, :4])
     if multi_label:
-        i, j = (scores > conf_thres).nonzero(as_tuple=False).T
-        return torch.cat((box[i], scores[i, j, None], j[:, None].float()), 1)
+        i, j = (scores > conf_thres).nonzero(as_tuple=True)
+        return torch.cat((box[i], scores[i, j, None], j[:, None].float()), 1), image[i]
     conf, j = scores.max(1, keepdim=True)
-    return torch.cat((box, conf, j.float()), 1)[conf.view(-1) > conf_thres]
+    keep = conf.view(-1) > conf_thres
+    return torch.cat((box, conf, j.float()), 1)[keep], image[keep]
+
+
+def _sorted_by_image_and_conf(det, image):
+    """Reorder candidates: images ascending, confidence descending within each image."""
+    order = det[:, 4].argsort(descending=True, stable=True)
+    order = order[image[order].argsort(stable=True)]
+    return det[order], image[order]
+
+
+def _nms_top(det, iou_thres, agnostic, max_det):
+    """The first ``max_det`` detections that per-class NMS keeps from confidence-sorted ``det`` (n, 6).
+
+    Greedy NMS decides each box from higher-scored boxes only, so NMS on a confidence-ordered
+    prefix keeps exactly the full run's detections within that prefix: once a prefix yields
+    ``max_det`` of them, the rest of the candidates cannot change the answer. The prefix grows
+    fourfold until that holds or it covers everything (cost O(prefix * kept), not O(n * kept)).
+    """
+    size = min(len(det), max(4 * max_det, 1024))
+    while True:
+        part = det[:size]
+        groups = torch.zeros_like(part[:, 5]) if agnostic else part[:, 5]
+        keep = torchvision.ops.batched_nms(part[:, :4], part[:, 4], groups.long(), iou_thres)
+        if len(keep) >= max_det or size == len(det):
+            return part[keep[:max_det]]
+        size = min(len(det), 4 * size)
 
 
 def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=None, agnostic=False,
                         multi_label=False, labels=(), max_det=300, max_nms=30000, time_limit=None):
-    """Per-image NMS on ``torchvision.ops.batched_nms``.
+    """Per-class NMS of a batch on ``torchvision.ops.batched_nms``.
 
     ``prediction``: (bs, N, 5 + nc) [x, y, w, h, obj, cls scores...] in pixels, or the
     eval-mode tuple ``(pred, raw)``. ``labels``: optional per-image (n, 5) [cls, x, y, w, h]
     pixel tensors merged in as certain detections (``--save-hybrid``).
-    Returns a list of ``bs`` tensors (n, 6) [x1, y1, x2, y2, conf, cls], at most ``max_det`` each.
-    Warns and returns early (remaining images empty) when the batch takes longer than
-    ``time_limit`` seconds (default 0.5 + 0.05 per image).
+    Returns a list of ``bs`` tensors (n, 6) [x1, y1, x2, y2, conf, cls], at most ``max_det`` each,
+    confidence descending. Candidate filtering, scoring and sorting run on the whole batch at once;
+    only the NMS call itself runs per image, because joining images into one call would need
+    coordinate offsets large enough to round float32 boxes. Warns and returns early (remaining
+    images empty) when the batch takes longer than ``time_limit`` seconds (default 0.5 + 0.05 per image).
     """
     _check_thresholds(conf_thres, iou_thres, max_det)
     if isinstance(prediction, (list, tuple)):
@@ -173,17 +223,17 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
 
     start = time.time()
     output = [torch.zeros((0, 6), device=prediction.device)] * bs
-    for xi, x in enumerate(prediction):
-        lb = labels[xi] if labels is not None and len(labels) else None
-        det = _candidates(x, lb, nc, conf_thres, multi_label)
-        if classes is not None:
-            det = det[(det[:, 5:6] == torch.tensor(classes, device=det.device)).any(1)]
-        if not len(det):
-            continue
-        det = det[det[:, 4].argsort(descending=True)[:max_nms]]
-        offsets = torch.zeros_like(det[:, 5]) if agnostic else det[:, 5]
-        keep = torchvision.ops.batched_nms(det[:, :4], det[:, 4], offsets.long(), iou_thres)
-        output[xi] = det[keep[:max_det]]
+    det, image = _candidates(prediction, labels, nc, conf_thres, multi_label)
+    if classes is not None:
+        wanted = (det[:, 5:6] == torch.tensor(classes, device=det.device)).any(1)
+        det, image = det[wanted], image[wanted]
+    det, image = _sorted_by_image_and_conf(det, image)
+    counts = torch.bincount(image, minlength=bs).tolist()
+    first = 0
+    for xi, count in enumerate(counts):
+        if count:
+            output[xi] = _nms_top(det[first:first + min(count, max_nms)], iou_thres, agnostic, max_det)
+        first += count
         if time.time() - start > time_limit:
             LOGGER.warning(f"NMS time limit {time_limit:.3f}s exceeded after {xi + 1}/{bs} images; "
                            "raise --conf-thres or lower --max-det to speed it up")

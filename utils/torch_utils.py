@@ -206,10 +206,14 @@ class ModelEMA:
         self.updates += 1
         d = self.decay(self.updates)
         model_state = de_parallel(model).state_dict()
-        with torch.no_grad():
-            for k, v in self.ema.state_dict().items():
-                if v.dtype.is_floating_point:
-                    v.mul_(d).add_(model_state[k].detach().to(v.dtype), alpha=1 - d)
+        ema_values, model_values = [], []
+        for k, v in self.ema.state_dict().items():
+            if v.dtype.is_floating_point:
+                ema_values.append(v)
+                model_values.append(model_state[k].detach().to(v.dtype))
+        with torch.no_grad():  # the same two rounded steps per element as v.mul_(d).add_(m, alpha=1 - d)
+            torch._foreach_mul_(ema_values, d)
+            torch._foreach_add_(ema_values, model_values, alpha=1 - d)
 
     def update_attr(self, model: nn.Module, include=(), exclude=("process_group", "reducer")) -> None:
         """Copy plain attributes (e.g. ``names``, ``nc``, ``hyp``) from ``model`` to ``.ema``."""
