@@ -128,8 +128,74 @@ def test_slice_flags_and_bad_values():
     parser = argparse.ArgumentParser()
     add_slice_arguments(parser)
     opt = parser.parse_args(["--slice", "600", "--slice-overlap", "0.3", "--no-full-pass", "--slice-merge", "nmm"])
-    assert (opt.slice, opt.slice_overlap, opt.no_full_pass, opt.slice_merge) == (600, 0.3, True, "nmm")
+    assert (opt.slice_size, opt.slice_overlap, opt.no_full_pass, opt.slice_merge) == (600, 0.3, True, "nmm")
     assert check_slice_options(600, 0.3, 8, 32) == 608
     for args in ((-1, 0.2, 8), (640, 0.95, 8), (640, -0.1, 8), (640, 0.2, 0)):
         with pytest.raises(UserError, match="--slice"):
             check_slice_options(*args, 32)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory, tiny_cfg):
+    """A tiny untrained 4-class checkpoint whose objectness is raised so that it always detects something."""
+    from models.yolo import Model
+    from utils.checkpoints import save_checkpoint
+
+    torch.manual_seed(0)
+    model = Model(tiny_cfg, nc=4)
+    with torch.no_grad():
+        model.model[-1].m[-1].weight.normal_(0, 0.3)  # image-dependent confidences, few exact ties
+        bias = model.model[-1].m[-1].bias.view(model.model[-1].na, -1)  # coarsest level: few candidates
+        bias[:, 4] += 6.0
+        for k in range(model.model[-1].na):
+            bias[k, 5 + k] += 6.0
+    path = tmp_path_factory.mktemp("w") / "tiny.pt"
+    save_checkpoint({"model_cfg": model.yaml, "nc": 4, "names": ["circle", "square", "triangle", "cross"],
+                     "model": model.state_dict(), "ema": None, "epoch": 0, "best_fitness": 0.0}, path)
+    return path
+
+
+def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data, tmp_path):
+    import val
+    from utils.data_config import check_dataset
+    from utils.dataloaders import create_dataloader
+
+    # square 256 px batches without rect padding: the unsliced pass sees exactly the pixels of the one tile
+    loader = create_dataloader(check_dataset(shapes_data)["val"], 256, 8, 32, pad=0.0, rect=False, workers=0)[0]
+    common = dict(weights=str(tiny_weights), batch_size=8, imgsz=256, device="cpu", workers=0, plots=False,
+                  dataloader=loader,
+                  project=tmp_path, conf_thres=0.5, max_det=1000, save_txt=True, save_conf=True, size_bands=True)
+    plain = val.run(shapes_data, name="plain", **common)
+    sliced = val.run(shapes_data, name="sliced", slice_size=256, no_full_pass=True, **common)
+    plain_txt = {f.name: sorted(f.read_text().splitlines()) for f in (tmp_path / "plain" / "labels").glob("*.txt")}
+    sliced_txt = {f.name: sorted(f.read_text().splitlines()) for f in (tmp_path / "sliced" / "labels").glob("*.txt")}
+    assert sum(len(t) for t in plain_txt.values()) > 8  # there are predictions to compare
+    assert plain_txt == sliced_txt
+    assert np.allclose(plain[0][:4], sliced[0][:4])
+    assert [plain[3][k]["instances"] for k in plain[3]] == [sliced[3][k]["instances"] for k in sliced[3]]
+
+
+def test_val_sliced_with_full_pass_runs_and_reports_bands(tiny_weights, shapes_data, tmp_path, log_lines):
+    import val
+
+    results, maps, _, bands = val.run(shapes_data, weights=str(tiny_weights), batch_size=8, imgsz=128,
+                                      device="cpu", workers=0, plots=False, project=tmp_path, slice_size=96, conf_thres=0.2,
+                                      slice_overlap=0.25, slice_merge="nmm", size_bands=True)
+    assert all(np.isfinite(results[:4])) and maps.shape == (4,)
+    assert sum(bands[k]["instances"] for k in ("small", "medium", "large")) > 0
+    assert any("AI-TOD size bands" in line for line in log_lines)
+
+
+def test_detect_sliced_writes_same_boxes_twice(tiny_weights, tmp_path):
+    import detect
+
+    rng = np.random.default_rng(0)
+    source = tmp_path / "big.png"
+    cv2.imwrite(str(source), rng.integers(0, 255, (300, 420, 3), dtype=np.uint8))
+    outs = [detect.run(str(tiny_weights), str(source), imgsz=(128, 128), device="cpu", project=tmp_path,
+                       name=f"run{i}", save_txt=True, save_conf=True, nosave=True, slice_size=128,
+                       slice_overlap=0.2, slice_merge=merge)
+            for i, merge in enumerate(("nms", "nms", "nmm"))]
+    texts = [(o / "labels" / "big.txt").read_text() for o in outs]
+    assert texts[0] and texts[0] == texts[1]
+    assert texts[2]

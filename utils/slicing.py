@@ -21,7 +21,7 @@ import torchvision
 
 from utils.augmentations import letterbox
 from utils.errors import UserError
-from utils.ops import scale_boxes
+from utils.ops import clip_boxes, non_max_suppression
 
 MERGE_MODES = ("nms", "nmm")
 NMM_THRESHOLD = 0.5  # intersection over the smaller box at which NMM merges two boxes
@@ -30,7 +30,7 @@ EDGE_TOLERANCE = 2.0  # pixels: a box this close to an inner tile edge counts as
 
 def add_slice_arguments(parser: argparse.ArgumentParser, batch_default=16) -> None:
     """The sliced-inference flags shared by detect.py and val.py."""
-    parser.add_argument("--slice", type=int, default=0, metavar="SIZE",
+    parser.add_argument("--slice", dest="slice_size", type=int, default=0, metavar="SIZE",
                         help="sliced inference: tile size in pixels (0 = off)")
     parser.add_argument("--slice-overlap", type=float, default=0.2, help="overlap of neighbouring tiles (0-0.9)")
     parser.add_argument("--no-full-pass", action="store_true", help="sliced inference without the full-image pass")
@@ -134,6 +134,17 @@ def merge_detections(det, mode, iou_thres, agnostic=False):
     return det[torchvision.ops.batched_nms(det[:, :4].float(), det[:, 4].float(), groups.long(), iou_thres)]
 
 
+def from_letterbox(det, gain, pad, offset=(0, 0)):
+    """(n, 6) detections in a letterboxed crop -> float32 CPU copy in image pixels (not clipped).
+
+    ``gain`` and ``pad`` (w, h) come from letterbox; ``offset`` (x, y) is the crop's top-left corner.
+    """
+    det = det.detach().float().cpu().clone()
+    det[:, [0, 2]] = (det[:, [0, 2]] - pad[0]) / gain + offset[0]
+    det[:, [1, 3]] = (det[:, [1, 3]] - pad[1]) / gain + offset[1]
+    return det
+
+
 def to_letterbox(boxes, ratio_pad):
     """Map (n, 4) xyxy boxes from the original image into a letterboxed one (inverse of scale_boxes)."""
     gain, (padw, padh) = ratio_pad[0][0], ratio_pad[1]
@@ -174,20 +185,15 @@ class SlicedPredictor:
             boxed = [letterbox(im0[y1:y2, x1:x2], self.size, auto=False, scaleup=False) for x1, y1, x2, y2 in chunk]
             preds = self.detect_fn(self._to_tensor([b[0] for b in boxed]))
             for (x1, y1, x2, y2), (_, ratio, pad), det in zip(chunk, boxed, preds):
-                det = det.detach().float().cpu().clone()
-                scale_boxes((self.size, self.size), det[:, :4], (y2 - y1, x2 - x1), ((ratio[0], ratio[1]), pad))
-                det[:, [0, 2]] += float(x1)
-                det[:, [1, 3]] += float(y1)
+                det = from_letterbox(det, ratio[0], pad, (x1, y1))
                 out.append(det[shared_band_filter(det[:, :4], (x1, y1, x2, y2), tiles)])
         self.tiles_seen += len(tiles)
         return out
 
     def _full_pass(self, im0):
         """Detections (n, 6) of one letterboxed pass over the whole image, in image pixels."""
-        im, _, _ = letterbox(im0, self.full_pass_size, stride=self.stride, auto=True)
-        det = self.detect_fn(self._to_tensor([im]))[0].detach().float().cpu().clone()
-        scale_boxes(im.shape[:2], det[:, :4], im0.shape[:2])
-        return det
+        im, ratio, pad = letterbox(im0, self.full_pass_size, stride=self.stride, auto=True)
+        return from_letterbox(self.detect_fn(self._to_tensor([im]))[0], ratio[0], pad)
 
     def __call__(self, im0):
         """Merged detections (k, 6) [x1, y1, x2, y2, conf, cls] for BGR ``im0`` (H, W, 3), image pixels."""
@@ -195,8 +201,9 @@ class SlicedPredictor:
         parts = self._tile_detections(im0, tiles)
         if self.full_pass_size:
             parts.append(self._full_pass(im0))
-        det = torch.cat(parts, 0) if parts else torch.zeros((0, 6))
-        return merge_detections(det, self.merge, self.iou_thres, self.agnostic)[:self.max_det]
+        det = merge_detections(torch.cat(parts, 0), self.merge, self.iou_thres, self.agnostic)[:self.max_det]
+        clip_boxes(det[:, :4], im0.shape[:2])  # only now: clipping to a tile would distort overlaps at its edges
+        return det
 
     def predict_file(self, path):
         """Detections for the image file ``path`` (read as BGR, as the data loader does)."""
@@ -204,3 +211,25 @@ class SlicedPredictor:
         if im0 is None:
             raise UserError(f"{path}: cannot read this image for sliced inference")
         return self(im0)
+
+
+def nms_detect_fn(forward, conf_thres, iou_thres, max_det, classes=None, agnostic=False, multi_label=False):
+    """A ``detect_fn`` for :class:`SlicedPredictor`: ``forward(x)`` (the model) followed by YOLOv5's NMS."""
+    def detect(x):
+        return non_max_suppression(forward(x), conf_thres, iou_thres, classes, agnostic, multi_label=multi_label,
+                                   max_det=max_det)
+    return detect
+
+
+def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16,
+                     conf_thres=0.25, iou_thres=0.45, max_det=1000, imgsz=640, stride=32, device="cpu", half=False,
+                     classes=None, agnostic=False, multi_label=False):
+    """A SlicedPredictor built from the command-line values (flags of :func:`add_slice_arguments`), or
+    None when ``slice_size`` is 0. ``forward(x)`` runs the model; ``imgsz`` is the full-pass size."""
+    size = check_slice_options(slice_size, slice_overlap, slice_batch, stride)
+    if not size:
+        return None
+    detect_fn = nms_detect_fn(forward, conf_thres, iou_thres, max_det, classes, agnostic, multi_label)
+    full_pass = 0 if no_full_pass else int(max(np.atleast_1d(imgsz)))
+    return SlicedPredictor(detect_fn, size, slice_overlap, full_pass, slice_merge, iou_thres, max_det, slice_batch,
+                           stride, device, half, agnostic)
