@@ -48,6 +48,7 @@ from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.reproducibility import determinism_report, record_checksum, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
+from utils.size_metrics import band_row  # noqa: E402
 from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                              strip_optimizer, training_state)
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
@@ -483,17 +484,17 @@ class TrainLoop:
         opt = self.opt
         self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "hyp", "names", "stride"])
         final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
-        results, maps = (0, 0, 0, 0, 0, 0, 0), None
+        results, maps, bands = (0, 0, 0, 0, 0, 0, 0), None, None
         if not opt.noval or final_epoch:
-            results, maps, _ = validate.run(
+            results, maps, _, bands = validate.run(
                 data_dict, batch_size=batch_size, imgsz=self.imgsz, half=self.amp, model=self.ema.ema,
                 single_cls=opt.single_cls, dataloader=val_loader, save_dir=save_dir, plots=False,
-                compute_loss=compute_loss, names=names)
+                compute_loss=compute_loss, names=names, size_bands=True)
         fi = float(fitness(np.array(results).reshape(1, -1))[0])
         stop = self.stopper(epoch=epoch, fitness=fi)
         self.best_fitness = max(self.best_fitness, fi)
         improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
-        results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
+        results_log.append(epoch, [*self.mloss.tolist(), *results, *lr, *band_row(bands)])
         if not opt.nosave or final_epoch or stop or self.interrupted:
             saver.save_epoch(self.state((epoch + 1, 0)), epoch, improved)
         return results, stop

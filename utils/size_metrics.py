@@ -48,8 +48,7 @@ AITOD_BANDS = (
     SizeBand("aitod_medium", "AI-TOD", "medium >=32", 32.0 ** 2, _MAX_AREA),
 )
 SIZE_BANDS = COCO_BANDS + AITOD_BANDS
-RESULT_COLUMNS = tuple(f"metrics/mAP50-95_{b.key}" for b in SIZE_BANDS) + tuple(f"metrics/AR_{b.key}"
-                                                                                 for b in SIZE_BANDS)
+RESULT_COLUMNS = tuple(f"metrics/mAP50-95_{b.key}" for b in SIZE_BANDS)  # results.csv, after YOLOv5's columns
 TABLE_HEADER = ("%22s" + "%11s" * 4) % ("Size band (px)", "Instances", "mAP50", "mAP50-95", "AR")
 
 
@@ -161,5 +160,4 @@ def log_band_table(results):
 
 def band_row(results):
     """results.csv values in RESULT_COLUMNS order (NaN for an empty band or when there are no results)."""
-    get = (lambda key, metric: math.nan) if results is None else (lambda key, metric: results[key][metric])
-    return [get(b.key, "map") for b in SIZE_BANDS] + [get(b.key, "ar") for b in SIZE_BANDS]
+    return [math.nan if results is None else results[b.key]["map"] for b in SIZE_BANDS]
