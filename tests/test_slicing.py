@@ -178,11 +178,13 @@ def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data,
 def test_val_sliced_with_full_pass_runs_and_reports_bands(tiny_weights, shapes_data, tmp_path, log_lines):
     import val
 
-    results, maps, _, bands = val.run(shapes_data, weights=str(tiny_weights), batch_size=8, imgsz=128,
-                                      device="cpu", workers=0, plots=False, project=tmp_path, slice_size=96, conf_thres=0.2,
+    results, maps, _, bands = val.run(shapes_data, weights=str(tiny_weights), batch_size=8, imgsz=128, device="cpu",
+                                      workers=0, plots=False, project=tmp_path, slice_size=96, conf_thres=0.2,
                                       slice_overlap=0.25, slice_merge="nmm", size_bands=True)
     assert all(np.isfinite(results[:4])) and maps.shape == (4,)
-    assert sum(bands[k]["instances"] for k in ("small", "medium", "large")) > 0
+    label_files = (shapes_data.parent / "shapes" / "labels" / "val").glob("*.txt")
+    n_labels = sum(len(f.read_text().splitlines()) for f in label_files)
+    assert sum(bands[k]["instances"] for k in ("small", "medium", "large")) == n_labels
     assert any("AI-TOD size bands" in line for line in log_lines)
 
 
