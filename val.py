@@ -102,8 +102,31 @@ def coco_evaluate(gt_json, pred_json, max_det=100):
     evaluator.params.maxDets = [1, 10, int(max_det)]
     evaluator.evaluate()
     evaluator.accumulate()
-    evaluator.summarize()
-    return float(evaluator.stats[0]), float(evaluator.stats[1])
+    stats = coco_summary(evaluator)  # not evaluator.summarize(): its first AP line assumes maxDets 100
+    return stats[0], stats[1]
+
+
+def coco_summary(evaluator):
+    """pycocotools' 12 summary figures from an accumulated COCOeval, each at its own ``maxDets``; logs them.
+
+    Returns [AP, AP50, AP75, AP small, medium, large, AR@maxDets[0], [1], [2], AR small, medium, large].
+    """
+    precision, recall = evaluator.eval["precision"], evaluator.eval["recall"]  # (T, R, K, A, M), (T, K, A, M)
+    max_dets = evaluator.params.maxDets
+
+    def mean(x):
+        return float(x[x > -1].mean()) if (x > -1).any() else -1.0
+
+    rows = [("Precision", "(AP)", "0.50:0.95", 0, -1, mean(precision[..., 0, -1])),
+            ("Precision", "(AP)", "0.50", 0, -1, mean(precision[0, ..., 0, -1])),
+            ("Precision", "(AP)", "0.75", 0, -1, mean(precision[5, ..., 0, -1]))]
+    rows += [("Precision", "(AP)", "0.50:0.95", a, -1, mean(precision[..., a, -1])) for a in (1, 2, 3)]
+    rows += [("Recall", "(AR)", "0.50:0.95", 0, m, mean(recall[..., 0, m])) for m in (0, 1, 2)]
+    rows += [("Recall", "(AR)", "0.50:0.95", a, -1, mean(recall[..., a, -1])) for a in (1, 2, 3)]
+    for kind, short, iou, a, m, value in rows:
+        LOGGER.info(f" Average {kind:<9} {short} @[ IoU={iou:<9} | area={evaluator.params.areaRngLbl[a]:>6s} | "
+                    f"maxDets={max_dets[m]:>3d} ] = {value:0.3f}")
+    return [row[-1] for row in rows]
 
 
 # ------------------------------------------------------------------------------- per image

@@ -132,3 +132,33 @@ def test_band_row_matches_columns():
     assert math.isnan(row[1])  # COCO medium is empty
     assert all(math.isnan(v) for v in band_row(None))
     assert "metrics/mAP50-95_small" in RESULT_COLUMNS and "metrics/mAP50-95_very_tiny" in RESULT_COLUMNS
+
+
+def test_coco_summary_matches_pycocotools_and_honours_max_det():
+    pytest.importorskip("pycocotools")
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    import val
+
+    scenes = _random_scene(np.random.default_rng(2), n_images=10)
+    images = [{"id": i, "width": 400, "height": 400} for i in range(1, len(scenes) + 1)]
+    gt_rows = [(i, *row) for i, (_, gt) in enumerate(scenes, 1) for row in gt.tolist()]
+    annotations = [{"id": k + 1, "image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1), "iscrowd": 0} for k, (i, c, x1, y1, x2, y2) in enumerate(gt_rows)]
+    results = [{"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s}
+               for i, (dets, _) in enumerate(scenes, 1) for x1, y1, x2, y2, s, c in dets.tolist()]
+    gt = COCO()
+    gt.dataset = {"images": images, "annotations": annotations, "categories": [{"id": k} for k in range(3)]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+        evaluator = COCOeval(gt, gt.loadRes(results), "bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    assert np.allclose(val.coco_summary(evaluator), evaluator.stats)
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluator.params.maxDets = [1, 10, 300]
+        evaluator.evaluate()
+        evaluator.accumulate()
+    assert val.coco_summary(evaluator)[0] > 0  # pycocotools' own first line would be -1 here
