@@ -21,6 +21,7 @@ import torchvision
 
 from utils.augmentations import letterbox
 from utils.errors import UserError
+from utils.logging import LOGGER
 from utils.ops import clip_boxes, non_max_suppression
 
 MERGE_MODES = ("nms", "nmm")
@@ -47,7 +48,10 @@ def check_slice_options(slice_size, overlap, batch, stride):
         raise UserError(f"--slice-overlap {overlap}: must be between 0.0 and 0.9")
     if batch < 1:
         raise UserError(f"--slice-batch {batch}: must be a positive integer")
-    return -(-slice_size // stride) * stride if slice_size else 0
+    rounded = -(-slice_size // stride) * stride
+    if rounded != slice_size:
+        LOGGER.warning(f"--slice {slice_size} must be a multiple of max stride {stride}, updating to {rounded}")
+    return rounded
 
 
 def tile_starts(length, tile, step):
