@@ -162,3 +162,12 @@ def test_coco_summary_matches_pycocotools_and_honours_max_det():
         evaluator.evaluate()
         evaluator.accumulate()
     assert val.coco_summary(evaluator)[0] > 0  # pycocotools' own first line would be -1 here
+
+
+def test_band_covering_everything_is_val_matching():
+    from utils.metrics import match_predictions
+
+    everything = SizeBand("all", "T", "all", 0, 1e10)
+    for dets, gt in _random_scene(np.random.default_rng(5), n_images=15):
+        correct, ignored, in_band = match_in_band(dets, gt, everything)
+        assert np.array_equal(correct, match_predictions(dets, gt)) and not ignored.any() and in_band.all()

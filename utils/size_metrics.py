@@ -1,6 +1,6 @@
 """AP and AR by object size: COCO bands (small / medium / large) and AI-TOD bands (very tiny ... medium).
 
-Computed from val.py's own matching (:func:`utils.metrics.match_predictions`) with pycocotools'
+Computed with val.py's matching rule (:func:`utils.metrics.match_predictions`) and pycocotools'
 area-range rules, so the figures agree with ``COCOeval`` whose ``areaRng`` is set to the same bands:
 
 - sizes are box areas in pixels of the original image; a band ``(lo, hi)`` holds areas with
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from utils.logging import LOGGER
-from utils.metrics import IOU_THRESHOLDS, compute_ap, match_predictions
+from utils.metrics import IOU_THRESHOLDS, box_iou, compute_ap
 
 _MAX_AREA = 1e5 ** 2  # pycocotools' upper bound for the open-ended bands
 
@@ -59,26 +59,46 @@ def box_areas(boxes):
     return (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
 
 
-def match_in_band(detections, labels, band, iou_thresholds=IOU_THRESHOLDS):
-    """COCO area-range matching of one image for one band.
+def match_bands(detections, labels, bands=SIZE_BANDS, iou_thresholds=IOU_THRESHOLDS):
+    """COCO area-range matching of one image for several bands at once.
 
     ``detections`` (N, 6) [x1, y1, x2, y2, conf, cls] and ``labels`` (M, 5) [cls, x1, y1, x2, y2]
-    tensors in original-image pixels. Returns numpy ``(correct (N, T), ignored (N, T), in_band (M,))``.
+    tensors in original-image pixels. val.py's rule (:func:`utils.metrics.match_predictions`: in
+    descending confidence, the highest-IoU unmatched label of the class with IoU >= threshold),
+    except that in-band labels are tried first. Returns numpy ``(correct (B, N, T), ignored (B, N, T),
+    in_band (B, M))``.
     """
+    n, m, t = len(detections), len(labels), len(iou_thresholds)
     label_area, det_area = box_areas(labels[:, 1:5]), box_areas(detections[:, :4])
-    in_band = (label_area >= band.lo) & (label_area <= band.hi)
-    correct = match_predictions(detections, labels[torch.from_numpy(in_band)], iou_thresholds)
-    ignored = np.zeros_like(correct)
-    outside = labels[torch.from_numpy(~in_band)]
-    if len(outside) and len(detections):
-        for t in range(len(iou_thresholds)):
-            free = np.flatnonzero(~correct[:, t])
-            if len(free):
-                ignored[free, t] = match_predictions(detections[torch.from_numpy(free)], outside,
-                                                     iou_thresholds[t:t + 1])[:, 0]
-    det_outside = (det_area < band.lo) | (det_area > band.hi)
-    ignored |= ~correct & det_outside[:, None]
+    lo, hi = np.array([b.lo for b in bands])[:, None], np.array([b.hi for b in bands])[:, None]
+    in_band = (label_area[None] >= lo) & (label_area[None] <= hi)  # (B, M)
+    correct, ignored = np.zeros((len(bands), n, t), bool), np.zeros((len(bands), n, t), bool)
+    if n and m:
+        iou = box_iou(labels[:, 1:5].float(), detections[:, :4].float()).T.cpu().numpy()  # (N, M)
+        iou = np.where(detections[:, 5:6].cpu().numpy() == labels[:, 0].cpu().numpy()[None], iou, 0.0)
+        order = np.argsort(-detections[:, 4].cpu().numpy(), kind="mergesort")
+        order = order[iou[order].max(1) >= iou_thresholds.min() - 1e-9]
+        taken = np.zeros((len(bands), t, m), bool)
+        above = iou[:, None, :] >= iou_thresholds[None, :, None] - 1e-9  # (N, T, M)
+        rows, cols = np.arange(len(bands))[:, None], np.arange(t)[None]
+        for d in order:
+            free = above[d][None] & ~taken  # (B, T, M)
+            for result, allowed in ((correct, in_band), (ignored, ~in_band)):
+                candidate = np.where(free & allowed[:, None], iou[d][None, None], -1.0)
+                best = candidate.argmax(2)
+                hit = np.take_along_axis(candidate, best[..., None], 2)[..., 0] >= 0  # (B, T)
+                hit &= ~correct[:, d]  # out-of-band labels only for detections without an in-band match
+                taken[rows, cols, best] |= hit
+                result[:, d] = hit
+    det_outside = (det_area[None] < lo) | (det_area[None] > hi)  # (B, N)
+    ignored |= ~correct & det_outside[..., None]
     return correct, ignored, in_band
+
+
+def match_in_band(detections, labels, band, iou_thresholds=IOU_THRESHOLDS):
+    """:func:`match_bands` for one band: ``(correct (N, T), ignored (N, T), in_band (M,))``."""
+    correct, ignored, in_band = match_bands(detections, labels, (band,), iou_thresholds)
+    return correct[0], ignored[0], in_band[0]
 
 
 def band_ap(correct, ignored, conf, pred_cls, target_cls):
@@ -118,9 +138,9 @@ class SizeBandStats:
         """One image: ``detections`` (N, 6) xyxy/conf/cls and ``labels`` (M, 5) cls/xyxy, original pixels."""
         detections, labels = detections.detach().float().cpu(), labels.detach().float().cpu()
         conf, pred_cls = detections[:, 4].numpy(), detections[:, 5].numpy()
-        for band in self.bands:
-            correct, ignored, in_band = match_in_band(detections, labels, band, self.iou_thresholds)
-            self.parts[band.key].append((correct, ignored, conf, pred_cls, labels[:, 0].numpy()[in_band]))
+        correct, ignored, in_band = match_bands(detections, labels, self.bands, self.iou_thresholds)
+        for i, band in enumerate(self.bands):
+            self.parts[band.key].append((correct[i], ignored[i], conf, pred_cls, labels[:, 0].numpy()[in_band[i]]))
 
     def compute(self):
         """{band key: {"instances", "map50", "map", "ar"}}; the metrics are NaN for a band without labels."""
