@@ -7,6 +7,7 @@ Usage:
     python detect.py --weights best.pt --source list.txt         # one path per line
     python detect.py --weights best.pt --source clip.mp4         # video (written at its own fps and size)
     python detect.py --weights best.pt --source 0                # webcam 0, if a camera is attached
+    python detect.py --weights best.pt --source big/ --slice 640 # sliced inference for large images
 """
 
 import argparse
@@ -31,6 +32,7 @@ from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
+from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
 from utils.sources import LoadImages  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
@@ -184,11 +186,12 @@ def annotate(im0, det, names, line_thickness, hide_labels, hide_conf):
 def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres=0.45, max_det=1000, device="",
         view_img=False, save_txt=False, save_csv=False, save_conf=False, save_crop=False, nosave=False, classes=None,
         agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
-        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None):
+        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None,
+        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16):
     """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
 
     ``model``: an already-loaded eval model to use as is (``weights`` and ``device`` are then ignored).
-    Returns the run folder.
+    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). Returns the run folder.
     """
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
     (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -204,6 +207,9 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         model.half()
     names = class_names(model, data)
     dataset = open_source(source, imgsz, stride, vid_stride)
+    slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
+                              no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
+                              device, half, classes, agnostic_nms)
 
     video, summary = VideoSink(), SourceSummary(names)
     dt, seen = [0.0, 0.0, 0.0], 0
@@ -212,13 +218,18 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         im = torch.from_numpy(im).to(device)[None]
         im = (im.half() if half else im.float()) / 255
         t1 = time_sync()
-        pred = tta_forward(model, im)[0] if augment else model(im)[0]
-        t2 = time_sync()
-        det = non_max_suppression(pred, conf_thres, iou_thres, classes, agnostic_nms, max_det=max_det)[0]
+        if slicer is None:
+            pred = tta_forward(model, im)[0] if augment else model(im)[0]
+            t2 = time_sync()
+            det = non_max_suppression(pred, conf_thres, iou_thres, classes, agnostic_nms, max_det=max_det)[0]
+            det[:, :4] = scale_boxes(im.shape[2:], det[:, :4], im0.shape)
+        else:  # tiles, full pass and merge all count as inference
+            det = slicer(im0).to(device)
+            t2 = time_sync()
+        det[:, :4] = det[:, :4].round()
         t3 = time_sync()
         dt = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2]
         seen += 1
-        det[:, :4] = scale_boxes(im.shape[2:], det[:, :4], im0.shape).round()
         frame = dataset.frame if dataset.mode != "image" else 0
         save_path, label_stem = save_path_for(save_dir, path, dataset.mode, frame)
 
@@ -304,6 +315,7 @@ def parse_opt(argv=None):
     parser.add_argument("--hide-conf", action="store_true", help="hide confidences")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride")
+    add_slice_arguments(parser)
     opt = check_options(parser.parse_args(argv), DETECT_RULES)
     if len(opt.imgsz) > 2:
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")

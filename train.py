@@ -52,6 +52,7 @@ from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.reproducibility import determinism_report, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
 from utils.run_state import CheckpointSaver, plain_opt, restore_training_state, training_state  # noqa: E402
+from utils.size_metrics import band_row  # noqa: E402
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.op_audit import audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
@@ -511,17 +512,17 @@ class TrainLoop:
         ctx, opt = self.ctx, self.opt
         self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "hyp", "names", "stride"])
         final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
-        results = (0, 0, 0, 0, 0, 0, 0)
+        results, bands = (0, 0, 0, 0, 0, 0, 0), None
         if not opt.noval or final_epoch:
-            results, _, _ = validate.run(
+            results, _, _, bands = validate.run(
                 ctx.data_dict, batch_size=ctx.per_rank_batch, imgsz=ctx.imgsz, half=self.amp, model=self.ema.ema,
                 single_cls=opt.single_cls, dataloader=ctx.val_loader, save_dir=ctx.save_dir, plots=False,
-                compute_loss=self.compute_loss, names=ctx.names)
+                compute_loss=self.compute_loss, names=ctx.names, size_bands=True)
         fi = float(fitness(np.array(results).reshape(1, -1))[0])
         stop = self.stopper(epoch=epoch, fitness=fi)
         self.best_fitness = max(self.best_fitness, fi)
         improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
-        ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr])
+        ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr, *band_row(bands)])
         if not opt.nosave or final_epoch or stop or self.interrupted:
             ctx.saver.save_epoch(self.state((epoch + 1, 0), cuda_rng), epoch, improved)
         return results, stop

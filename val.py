@@ -34,6 +34,8 @@ from utils.options import OptionRules, add_shared_flags, check_options  # noqa: 
 from utils.ops import (check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh,  # noqa: E402
                        xyxy2xywhn)
 from utils.plots import output_to_target, plot_ap_curves, plot_confusion_matrix, plot_images  # noqa: E402
+from utils.size_metrics import SizeBandStats, log_band_table  # noqa: E402
+from utils.slicing import add_slice_arguments, sliced_predictor, to_letterbox  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
@@ -82,8 +84,11 @@ def coco_predictions(det, image_id):
              "score": round(float(s), 5)} for b, s, c in zip(boxes.tolist(), det[:, 4], det[:, 5])]
 
 
-def coco_evaluate(gt_json, pred_json):
-    """Official COCO bbox evaluation -> (mAP50-95, mAP50), or None when pycocotools is not installed."""
+def coco_evaluate(gt_json, pred_json, max_det=100):
+    """Official COCO bbox evaluation -> (mAP50-95, mAP50), or None when pycocotools is not installed.
+
+    ``max_det`` replaces pycocotools' cap of 100 detections per image (``maxDets`` 1, 10, max_det).
+    """
     try:
         from pycocotools.coco import COCO
         from pycocotools.cocoeval import COCOeval
@@ -96,10 +101,34 @@ def coco_evaluate(gt_json, pred_json):
         LOGGER.warning(f"{pred_json}: no predictions to evaluate")
         return 0.0, 0.0
     evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), "bbox")
+    evaluator.params.maxDets = [1, 10, int(max_det)]
     evaluator.evaluate()
     evaluator.accumulate()
-    evaluator.summarize()
-    return float(evaluator.stats[0]), float(evaluator.stats[1])
+    stats = coco_summary(evaluator)  # not evaluator.summarize(): its first AP line assumes maxDets 100
+    return stats[0], stats[1]
+
+
+def coco_summary(evaluator):
+    """pycocotools' 12 summary figures from an accumulated COCOeval, each at its own ``maxDets``; logs them.
+
+    Returns [AP, AP50, AP75, AP small, medium, large, AR@maxDets[0], [1], [2], AR small, medium, large].
+    """
+    precision, recall = evaluator.eval["precision"], evaluator.eval["recall"]  # (T, R, K, A, M), (T, K, A, M)
+    max_dets = evaluator.params.maxDets
+
+    def mean(x):
+        return float(x[x > -1].mean()) if (x > -1).any() else -1.0
+
+    rows = [("Precision", "(AP)", "0.50:0.95", 0, -1, mean(precision[..., 0, -1])),
+            ("Precision", "(AP)", "0.50", 0, -1, mean(precision[0, ..., 0, -1])),
+            ("Precision", "(AP)", "0.75", 0, -1, mean(precision[5, ..., 0, -1]))]
+    rows += [("Precision", "(AP)", "0.50:0.95", a, -1, mean(precision[..., a, -1])) for a in (1, 2, 3)]
+    rows += [("Recall", "(AR)", "0.50:0.95", 0, m, mean(recall[..., 0, m])) for m in (0, 1, 2)]
+    rows += [("Recall", "(AR)", "0.50:0.95", a, -1, mean(recall[..., a, -1])) for a in (1, 2, 3)]
+    for kind, short, iou, a, m, value in rows:
+        LOGGER.info(f" Average {kind:<9} {short} @[ IoU={iou:<9} | area={evaluator.params.areaRngLbl[a]:>6s} | "
+                    f"maxDets={max_dets[m]:>3d} ] = {value:0.3f}")
+    return [row[-1] for row in rows]
 
 
 # ------------------------------------------------------------------------------- per image
@@ -168,11 +197,15 @@ def _class_names(names, model, data):
 def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300, task="val",
         device="", workers=8, single_cls=False, augment=False, verbose=False, save_txt=False, save_hybrid=False,
         save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False, half=True,
-        model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None):
+        model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None,
+        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, size_bands=False):
     """Validate; returns ``((P, R, mAP50, mAP50-95, box, obj, cls losses), per-class mAP50-95 (nc,), times)``.
 
     ``times`` = per-image milliseconds (pre-process, inference, NMS). With ``model`` given (from
     train.py), that model is used as is, ``data`` is the data dict and half precision applies on CUDA only.
+    ``size_bands=True`` appends a fourth item, the size-band metrics (utils/size_metrics.py), which
+    are printed under the usual table outside training. ``slice_size`` > 0 predicts each full-size
+    image by sliced inference (utils/slicing.py) instead of one letterboxed pass.
     """
     training = model is not None
     if training:
@@ -194,6 +227,11 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers)
 
     confusion_matrix = ConfusionMatrix(nc=nc)
+    band_stats = SizeBandStats() if size_bands or not training or verbose else None
+    slicer = sliced_predictor(
+        lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap, no_full_pass,
+        slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
+        agnostic=single_cls, multi_label=True)
     seen, stats, jdict = 0, [], []
     dt = [0.0, 0.0, 0.0]
     loss = torch.zeros(3, device=device)
@@ -206,14 +244,18 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         targets = targets.to(device)
         nb, _, height, width = im.shape
         t1 = time_sync()
-        preds, train_out = tta_forward(model, im) if augment else model(im)
+        if slicer is None:
+            preds, train_out = tta_forward(model, im) if augment else model(im)
         t2 = time_sync()
         if compute_loss:
             loss += compute_loss(train_out, targets)[1]
         targets[:, 2:] *= torch.tensor((width, height, width, height), device=device)
         hybrid = [targets[targets[:, 0] == i, 1:] for i in range(nb)] if save_hybrid else []
-        preds = non_max_suppression(preds, conf_thres, iou_thres, labels=hybrid, multi_label=True,
-                                    agnostic=single_cls, max_det=max_det)
+        if slicer is None:
+            preds = non_max_suppression(preds, conf_thres, iou_thres, labels=hybrid, multi_label=True,
+                                        agnostic=single_cls, max_det=max_det)
+        else:  # sliced predictions, mapped into this batch's letterboxed pixels like the unsliced ones
+            preds = [to_letterbox(slicer.predict_file(p), s[1]).to(device) for p, s in zip(paths, shapes)]
         t3 = time_sync()
         dt[0], dt[1], dt[2] = dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2
 
@@ -222,7 +264,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
             labels = targets[targets[:, 0] == si, 1:]
             path, shape = Path(paths[si]), shapes[si][0]
             stats.append(_image_stats(pred, labels, im[si].shape[1:], shapes[si], single_cls, plots,
-                                      confusion_matrix))
+                                      confusion_matrix, band_stats))
             if save_txt or save_json:
                 predn = pred.clone()
                 if single_cls:
@@ -238,6 +280,9 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
 
     results = _summarise(stats, nc, names, seen, plots, save_dir, verbose or (nc < 50 and not training), training)
     mp, mr, map50, map_, maps = results
+    bands = band_stats.compute() if band_stats else None
+    if bands and (verbose or not training):
+        log_band_table(bands)
     times = tuple(x / max(seen, 1) * 1e3 for x in dt)
     if not training:
         shape = (batch_size, 3, imgsz, imgsz)
@@ -245,21 +290,22 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if plots:
         plot_confusion_matrix(confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
     if save_json and jdict:
-        coco = _save_and_evaluate_json(jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights)
+        coco = _save_and_evaluate_json(jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights, max_det)
         if coco is not None:
             map_, map50 = coco
     if not training:
         n_labels = len(list(save_dir.glob("labels/*.txt")))
         written = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
-    return (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist()), maps, times
+    results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
+    return (results, maps, times, bands) if size_bands else (results, maps, times)
 
 
-def _image_stats(pred, labels, letterbox_shape, shape_info, single_cls, plots, confusion_matrix):
+def _image_stats(pred, labels, letterbox_shape, shape_info, single_cls, plots, confusion_matrix, band_stats=None):
     """(correct (n, 10), conf (n,), pred_cls (n,), target_cls (m,)) numpy arrays for one image.
 
     ``pred`` (n, 6) and ``labels`` (m, 5) [cls, x, y, w, h] are in letterboxed pixels; both are
-    mapped to the original image (as in the COCO JSON) before matching.
+    mapped to the original image (as in the COCO JSON) before matching, also for ``band_stats``.
     """
     (h0, w0), ratio_pad = shape_info
     target_cls = labels[:, 0].cpu().numpy()
@@ -273,6 +319,8 @@ def _image_stats(pred, labels, letterbox_shape, shape_info, single_cls, plots, c
     if plots:
         confusion_matrix.process_batch(predn if len(predn) else None, labelsn)
     correct = match_predictions(predn, labelsn, IOU_THRESHOLDS)
+    if band_stats is not None:
+        band_stats.add(predn, labelsn)
     return correct, pred[:, 4].cpu().numpy(), pred[:, 5].cpu().numpy(), target_cls
 
 
@@ -304,7 +352,7 @@ def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
     return float(mp), float(mr), float(map50), float(map_), maps
 
 
-def _save_and_evaluate_json(jdict, dataset, names, nc, single_cls, save_dir, weights):
+def _save_and_evaluate_json(jdict, dataset, names, nc, single_cls, save_dir, weights, max_det=100):
     """Write predictions and matching ground-truth COCO JSON; return pycocotools' (mAP50-95, mAP50) or None."""
     stem = Path(weights[0] if isinstance(weights, (list, tuple)) else weights).stem if weights else "model"
     pred_json = save_dir / f"{stem}_predictions.json"
@@ -314,7 +362,7 @@ def _save_and_evaluate_json(jdict, dataset, names, nc, single_cls, save_dir, wei
     atomic_write_bytes(gt_json, json.dumps(gt).encode())
     atomic_write_bytes(pred_json, json.dumps(jdict).encode())
     LOGGER.info(f"\nEvaluating pycocotools mAP... saving {pred_json}")
-    result = coco_evaluate(gt_json, pred_json)
+    result = coco_evaluate(gt_json, pred_json, max_det)
     if result is not None:
         LOGGER.info(f"pycocotools: mAP50-95 {result[0]:.4f}, mAP50 {result[1]:.4f}")
     return result
@@ -345,6 +393,7 @@ def parse_opt(argv=None):
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file and run pycocotools")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
+    add_slice_arguments(parser)
     opt = check_options(parser.parse_args(argv), VAL_RULES)
     opt.save_txt |= opt.save_hybrid
     return opt
@@ -362,7 +411,7 @@ def main(opt):
     _warn_about_options(opt)
     weights = opt.weights if len(opt.weights) > 1 else opt.weights[0]
     if opt.task in ("train", "val", "test"):
-        return run(**{**vars(opt), "weights": weights})
+        return run(**{**vars(opt), "weights": weights, "size_bands": True})
     if opt.task == "speed":
         for w in opt.weights:
             run(**{**vars(opt), "weights": w, "conf_thres": 0.25, "iou_thres": 0.45, "save_json": False,

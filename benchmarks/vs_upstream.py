@@ -104,8 +104,6 @@ def peak_rss_mb():
 
 def task_train(side, cfg):
     """Images/s over ``cfg['train_batches']`` training steps after two warm-up steps (data included)."""
-    import torch
-
     model = side.model(cfg["nc"])
     model.hyp, model.nc, model.names = dict(HYP), cfg["nc"], cfg["names"]
     model.train()

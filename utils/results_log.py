@@ -1,15 +1,16 @@
-"""results.csv (one row per epoch, YOLOv5's column names) and, when installed, TensorBoard scalars."""
+"""results.csv (one row per epoch, YOLOv5's column names, then the size-band mAPs) and TensorBoard scalars."""
 
 from pathlib import Path
 
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
+from utils.size_metrics import RESULT_COLUMNS as SIZE_BAND_COLUMNS
 
 COLUMNS = (
     "epoch", "train/box_loss", "train/obj_loss", "train/cls_loss",
     "metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
     "val/box_loss", "val/obj_loss", "val/cls_loss", "x/lr0", "x/lr1", "x/lr2",
-)
+) + SIZE_BAND_COLUMNS  # NaN where a band has no labels or the epoch was not validated
 
 
 def tensorboard_writer(log_dir):

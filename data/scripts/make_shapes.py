@@ -6,6 +6,11 @@ objects). Every class has its own hue with random variation in hue, saturation, 
 and rotation. Layout: ``<root>/images/{train,val}/*.jpg`` and ``<root>/labels/{train,val}/*.txt``.
 
     python data/scripts/make_shapes.py --root datasets/shapes --n-train 400 --n-val 100 --seed 0
+
+Large images with tiny objects (for sliced inference and sliced training data, docs/small-objects.md):
+
+    python data/scripts/make_shapes.py --root datasets/shapes_large --n-train 32 --n-val 8 \
+        --img-size 1536 --min-side 6 --max-side 16 --objects 40 80
 """
 
 import argparse
@@ -90,13 +95,16 @@ def _overlaps(box, boxes, margin=3):
                b[1] < box[3] + margin for b in boxes)
 
 
-def make_image(rng, size=IMG_SIZE):
-    """One synthetic image: ``(image (size, size, 3) uint8 BGR, labels (n, 5) [cls, x, y, w, h] normalised)``."""
+def make_image(rng, size=IMG_SIZE, sides=(MIN_SIDE, MAX_SIDE), objects=OBJECTS_PER_IMAGE):
+    """One synthetic image: ``(image (size, size, 3) uint8 BGR, labels (n, 5) [cls, x, y, w, h] normalised)``.
+
+    ``sides`` (min, max) is the object size range in pixels, ``objects`` (min, max) the count per image.
+    """
     im = _background(rng, size)
     boxes, labels = [], []
-    for _ in range(rng.integers(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1)):
+    for _ in range(rng.integers(objects[0], objects[1] + 1)):
         cls = int(rng.integers(0, len(NAMES)))
-        side = float(rng.uniform(MIN_SIDE, MAX_SIDE))
+        side = float(rng.uniform(sides[0], sides[1]))
         reach = side * 0.75  # room for a rotated shape's corners
         for _attempt in range(20):  # rejection sampling keeps objects apart
             cx, cy = rng.uniform(reach + 1, size - reach - 1, 2)
@@ -111,12 +119,12 @@ def make_image(rng, size=IMG_SIZE):
     return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
 
 
-def _write_split(root: Path, split: str, n: int, seed: int, split_id: int) -> None:
+def _write_split(root: Path, split: str, n: int, seed: int, split_id: int, **image_options) -> None:
     (root / "images" / split).mkdir(parents=True)
     (root / "labels" / split).mkdir(parents=True)
     for i in range(n):
         rng = np.random.default_rng([seed, split_id, i])  # one stream per image: independent of n
-        im, labels = make_image(rng)
+        im, labels = make_image(rng, **image_options)
         cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), im, [cv2.IMWRITE_JPEG_QUALITY, 92])
         rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
         (root / "labels" / split / f"{i:06d}.txt").write_text(rows)
@@ -147,11 +155,14 @@ def build_atomically(root: Path, write) -> None:
         raise
 
 
-def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0) -> Path:
-    """Generate the data set into ``root`` (must not exist or be empty); returns ``root``."""
+def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0, **image_options) -> Path:
+    """Generate the data set into ``root`` (must not exist or be empty); returns ``root``.
+
+    ``image_options``: ``size``, ``sides``, ``objects`` of :func:`make_image` (defaults: the embedded set).
+    """
     root = Path(root).resolve()
-    build_atomically(root, lambda tmp: (_write_split(tmp, "train", n_train, seed, 0),
-                                        _write_split(tmp, "val", n_val, seed, 1)))
+    build_atomically(root, lambda tmp: (_write_split(tmp, "train", n_train, seed, 0, **image_options),
+                                        _write_split(tmp, "val", n_val, seed, 1, **image_options)))
     return root
 
 
@@ -161,10 +172,20 @@ def main(argv=None) -> int:
     parser.add_argument("--n-train", type=int, default=400, help="number of training images")
     parser.add_argument("--n-val", type=int, default=100, help="number of validation images")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
+    parser.add_argument("--img-size", type=int, default=IMG_SIZE, help="image side in pixels")
+    parser.add_argument("--min-side", type=float, default=MIN_SIDE, help="smallest object side in pixels")
+    parser.add_argument("--max-side", type=float, default=MAX_SIDE, help="largest object side in pixels")
+    parser.add_argument("--objects", type=int, nargs=2, default=OBJECTS_PER_IMAGE, metavar=("MIN", "MAX"),
+                        help="objects per image")
     args = parser.parse_args(argv)
+    if not (0 < args.min_side <= args.max_side < args.img_size / 2 and 0 <= args.objects[0] <= args.objects[1]):
+        print(f"ERROR: --min-side {args.min_side} / --max-side {args.max_side} / --objects {args.objects}: need "
+              "0 < min-side <= max-side < img-size / 2 and 0 <= MIN <= MAX", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     try:
-        root = make_shapes(args.root, args.n_train, args.n_val, args.seed)
+        root = make_shapes(args.root, args.n_train, args.n_val, args.seed, size=args.img_size,
+                           sides=(args.min_side, args.max_side), objects=tuple(args.objects))
     except FileExistsError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
