@@ -41,6 +41,7 @@ def ddp_run(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
     return project / "a"
 
 
+@pytest.mark.slow
 def test_two_process_run_writes_one_set_of_outputs(ddp_run):
     assert sorted(p.name for p in ddp_run.parent.iterdir()) == ["a"]
     assert [r["epoch"] for r in rows(ddp_run)] == ["0", "1"]
@@ -48,6 +49,7 @@ def test_two_process_run_writes_one_set_of_outputs(ddp_run):
     assert '"world_size": 2' in (ddp_run / "determinism.json").read_text()
 
 
+@pytest.mark.slow
 def test_two_identical_ddp_runs_are_bit_identical(ddp_run, shapes_data, tiny_cfg):
     proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", ddp_run.parent, "--name", "b",
                     "--save-period", "1", *COMMON)
@@ -56,6 +58,7 @@ def test_two_identical_ddp_runs_are_bit_identical(ddp_run, shapes_data, tiny_cfg
     assert rows(ddp_run.parent / "b") == rows(ddp_run)
 
 
+@pytest.mark.slow
 def test_ddp_loss_curve_close_to_single_process(ddp_run, shapes_data, tiny_cfg):
     import train
 
@@ -68,6 +71,7 @@ def test_ddp_loss_curve_close_to_single_process(ddp_run, shapes_data, tiny_cfg):
         assert abs(a - b) <= LOSS_TOLERANCE * b, (a, b)
 
 
+@pytest.mark.slow
 def test_resume_under_ddp_matches_uninterrupted(ddp_run, tmp_path):
     copy = tmp_path / "resumed"
     (copy / "weights").mkdir(parents=True)
@@ -78,6 +82,7 @@ def test_resume_under_ddp_matches_uninterrupted(ddp_run, tmp_path):
     assert checksum(copy) == checksum(ddp_run)
 
 
+@pytest.mark.slow
 def test_batch_not_divisible_by_world_size_is_a_clear_error(shapes_data, tiny_cfg, tmp_path):
     proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, "--imgsz", "64",
                     "--batch-size", "5", "--device", "cpu", timeout=200)

@@ -57,6 +57,7 @@ def test_quick_cpu_proof_passes_and_records_every_section(tmp_path):
     assert "FAIL in" not in proc.stdout and f"Record: {out.resolve()}" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (("--jobs", "0"), "ERROR: --jobs 0: must be at least 1"),
     (("--budget", "-5"), "ERROR: --budget -5.0: must be a positive number of seconds"),
@@ -110,6 +111,7 @@ def test_audit_predicts_the_documented_cuda_failures_from_a_cpu():
                          "gather": (False, [])}
 
 
+@pytest.mark.slow
 def test_the_gpu_run_s_scam_model_is_flagged_for_cuda_in_every_scam_layer(tmp_path):
     """What the GPU run checks first, checked here: the published SCAM in ffca-yolo-n, audited on a CPU."""
     import gpu_proof

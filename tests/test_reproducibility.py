@@ -41,6 +41,7 @@ def assert_identical(run_dir: Path, reference: Path) -> None:
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+@pytest.mark.slow
 def test_checksum_is_printed_and_saved(reference):
     report = json.loads((reference / "determinism.json").read_text())
     assert report["final_ema_sha256"] == checksum(reference)
@@ -50,14 +51,17 @@ def test_checksum_is_printed_and_saved(reference):
         assert key in report, key
 
 
+@pytest.mark.slow
 def test_same_command_same_seed_is_bit_identical(reference, shapes_data, tiny_cfg, tmp_path):
     assert_identical(run_in_process(tmp_path, "again", shapes_data, tiny_cfg), reference)
 
 
+@pytest.mark.slow
 def test_worker_count_does_not_change_results(reference, shapes_data, tiny_cfg, tmp_path):
     assert_identical(run_in_process(tmp_path, "workers2", shapes_data, tiny_cfg, workers=2), reference)
 
 
+@pytest.mark.slow
 def test_strict_mode_gives_the_same_weights_as_off_on_cpu(reference, shapes_data, tiny_cfg, tmp_path):
     """On a clean model the audit relaxes nothing, and strict changes no arithmetic on CPU."""
     run_dir = run_in_process(tmp_path, "strict", shapes_data, tiny_cfg, deterministic="strict")
@@ -66,6 +70,7 @@ def test_strict_mode_gives_the_same_weights_as_off_on_cpu(reference, shapes_data
     assert report["mode"] == "strict" and report["relaxed_backward"] is False
 
 
+@pytest.mark.slow
 def test_different_seeds_give_different_weights(reference, shapes_data, tiny_cfg, tmp_path):
     run_dir = run_in_process(tmp_path, "seed1", shapes_data, tiny_cfg, seed=1)
     assert checksum(run_dir) != checksum(reference)
@@ -97,6 +102,7 @@ def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
             "--workers", "0", "--noplots", "--exist-ok", *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("save_interval, wanted", [
     ("0", lambda pos: pos == [1, 0]),                        # killed after epoch 0 ended
     ("0.000001", lambda pos: pos[0] == 1 and pos[1] > 0),    # killed mid-epoch, after a mid-epoch save

@@ -33,6 +33,7 @@ def finished_run(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
     return train_run(tmp_path_factory.mktemp("train"), shapes_data, tiny_cfg, save_period=1)
 
 
+@pytest.mark.slow
 def test_two_epoch_run_writes_every_output(finished_run):
     weights = finished_run / "weights"
     for name in ("last.pt", "best.pt", "epoch0.pt", "epoch1.pt", "sha256.txt"):
@@ -46,6 +47,7 @@ def test_two_epoch_run_writes_every_output(finished_run):
     assert all(float(r["train/box_loss"]) > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_checkpoints_are_plain_data_and_stripped(finished_run):
     last = torch.load(finished_run / "weights" / "last.pt", weights_only=True)
     assert last["finished"] is True and last["optimizer"] is None and last["ema"] is None
@@ -56,6 +58,7 @@ def test_checkpoints_are_plain_data_and_stripped(finished_run):
     assert set(full["rng"]) >= {"python", "numpy", "torch"}
 
 
+@pytest.mark.slow
 def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, shapes_data, tmp_path):
     """Resuming the epoch-0 checkpoint in a copy of the run ends with the same EMA checksum."""
     copy = tmp_path / "copy"
@@ -70,11 +73,13 @@ def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, sh
     assert results_rows(copy) == results_rows(finished_run)
 
 
+@pytest.mark.slow
 def test_resume_of_finished_run_says_nothing_to_resume(finished_run):
     with pytest.raises(UserError, match="nothing to resume"):
         train.run(resume=str(finished_run / "weights" / "last.pt"))
 
 
+@pytest.mark.slow
 def test_transfer_reports_matched_layers_and_freeze_keeps_weights(finished_run, shapes_data, tiny_cfg, tmp_path,
                                                                   log_lines):
     source = finished_run / "weights" / "last.pt"
@@ -92,6 +97,7 @@ def test_transfer_reports_matched_layers_and_freeze_keeps_weights(finished_run, 
     assert moved, "unfrozen layers should train"
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_before_last_epoch(shapes_data, tiny_cfg, tmp_path, monkeypatch):
     """Fitness that only falls after epoch 0 stops the run after --patience epochs."""
     falling = iter([0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.01, 0.0])
@@ -105,6 +111,7 @@ def test_early_stopping_ends_before_last_epoch(shapes_data, tiny_cfg, tmp_path, 
     assert [r["metrics/mAP_0.5"] for r in results_rows(run_dir)] == ["0.5", "0.4", "0.3"]
 
 
+@pytest.mark.slow
 def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(shapes_data, tmp_path):
     from tests.nondeterministic_module import write_put_model_yaml
 
@@ -120,6 +127,7 @@ def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(s
         is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--cfg", ""], "--cfg is required"),
     (["--cfg", "models/nope.yaml"], "--cfg models/nope.yaml: file not found"),
@@ -140,6 +148,7 @@ def test_bad_flags_raise_a_user_error_naming_the_flag(flags, message, tiny_cfg, 
         train.main(opt, argv=[])
 
 
+@pytest.mark.slow
 def test_bad_flag_on_the_command_line_prints_one_line_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "train.py", "--cfg", "models/nope.yaml", "--project", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -147,6 +156,7 @@ def test_bad_flag_on_the_command_line_prints_one_line_without_traceback(tmp_path
     assert proc.stderr.strip() == "ERROR: --cfg models/nope.yaml: file not found"
 
 
+@pytest.mark.slow
 def test_corrupt_resume_checkpoint_gives_clear_error(tmp_path):
     bad = tmp_path / "exp" / "weights" / "last.pt"
     bad.parent.mkdir(parents=True)
@@ -158,6 +168,7 @@ def test_corrupt_resume_checkpoint_gives_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_path, log_lines):
     run_dir = train_run(tmp_path, shapes_data, tiny_cfg, imgsz=70, epochs=1, noplots=True)
     assert "WARNING ⚠️ --imgsz 70 must be a multiple of max stride 32, updating to 96" in "\n".join(log_lines)
@@ -165,6 +176,7 @@ def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_pat
     assert len(results_rows(run_dir)) == 1
 
 
+@pytest.mark.slow
 def test_sigterm_mid_epoch_saves_loadable_checkpoint_and_resume_finishes(shapes_data, tiny_cfg, tmp_path):
     cmd = [sys.executable, "train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64",
            "--batch-size", "2", "--epochs", "3", "--workers", "0", "--device", "cpu", "--noplots",
@@ -189,6 +201,7 @@ def test_sigterm_mid_epoch_saves_loadable_checkpoint_and_resume_finishes(shapes_
     assert [r["epoch"] for r in results_rows(tmp_path / "exp")] == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run, tmp_path, log_lines):
     copy = tmp_path / "copy"
     (copy / "weights").mkdir(parents=True)
@@ -217,6 +230,7 @@ def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, 
     assert (tmp_path / "last.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_evolve_runs_generations_and_writes_results(shapes_data, tiny_cfg, tmp_path):
     train.run(cfg=str(tiny_cfg), data=str(shapes_data), imgsz=64, batch_size=8, epochs=1, workers=0,
               device="cpu", evolve=2, project=str(tmp_path), name="evo", exist_ok=True)
