@@ -25,7 +25,7 @@ def write_tiny_checkpoint(cfg, path, seed=0):
     model = Model(cfg, nc=len(NAMES))
     with torch.no_grad():
         for conv in model.model[-1].m:
-            conv.bias.view(model.model[-1].na, -1)[:, 4] += 4.0  # objectness up: boxes everywhere
+            conv.bias.view(model.model[-1].na, -1)[:, 4] += 8.0  # objectness up: boxes everywhere
     save_checkpoint({"model_cfg": model.yaml, "nc": len(NAMES), "names": NAMES, "model": model.state_dict(),
                      "ema": None}, path)
     return path
@@ -121,19 +121,22 @@ def test_unknown_weights_format_and_missing_file(tmp_path):
 
 def saved_predictions(run_dir):
     """{label file name: (n, 6) array [cls, x, y, w, h, conf] sorted by conf} from val.py --save-txt --save-conf."""
-    return {f.name: np.loadtxt(f, ndmin=2)[np.argsort(-np.loadtxt(f, ndmin=2)[:, 5], kind="stable")]
-            for f in sorted((run_dir / "labels").glob("*.txt"))}
+    out = {}
+    for f in sorted((run_dir / "labels").glob("*.txt")):
+        rows = np.array([line.split() for line in f.read_text().splitlines()], dtype=float).reshape(-1, 6)
+        out[f.name] = rows[np.argsort(-rows[:, 5], kind="stable")]
+    return out
 
 
 def test_val_onnx_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_data, tmp_path):
     results, predictions = {}, {}
     for weights in (tiny_pt, *dynamic_exports):
-        (mp, mr, map50, map_, *_), _, _ = val.run(shapes_data, weights=str(weights), batch_size=4, imgsz=64,
-                                                   workers=0, plots=False, save_txt=True, save_conf=True,
+        (mp, mr, map50, map_, *_), _, _ = val.run(shapes_data, weights=str(weights), batch_size=2, imgsz=64,
+                                                   conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True, save_conf=True,
                                                    project=tmp_path, name=weights.suffix)
         results[weights.suffix] = (mp, mr, map50, map_)
         predictions[weights.suffix] = saved_predictions(tmp_path / weights.suffix)
-    assert len(predictions[".pt"]) == 8  # an untrained model's mAP is ~0, so the predictions are compared too
+    assert sum(map(len, predictions[".pt"].values())) > 50  # an untrained model's mAP is ~0, so the predictions are compared too
     for suffix in (".onnx", ".torchscript"):
         assert np.allclose(results[suffix], results[".pt"], atol=0.001)
         assert predictions[suffix].keys() == predictions[".pt"].keys()
@@ -152,7 +155,7 @@ def test_detect_onnx_writes_the_same_boxes(dynamic_exports, tiny_pt, shapes_data
     source = shapes_data.parent / "shapes" / "images" / "val"
     runs = {}
     for weights in (tiny_pt, dynamic_exports[0]):
-        run_dir = detect.run(str(weights), str(source), imgsz=64, conf_thres=0.5, save_csv=True, nosave=True,
+        run_dir = detect.run(str(weights), str(source), imgsz=64, conf_thres=0.03, max_det=50, save_csv=True, nosave=True,
                              project=tmp_path, name=weights.suffix)
         runs[weights.suffix] = read_csv_boxes(run_dir)
     assert len(runs[".pt"]) > 0 and len(runs[".pt"]) == len(runs[".onnx"])
