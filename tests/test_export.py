@@ -155,13 +155,15 @@ def test_detect_onnx_writes_the_same_boxes(dynamic_exports, tiny_pt, shapes_data
     source = shapes_data.parent / "shapes" / "images" / "val"
     runs = {}
     for weights in (tiny_pt, dynamic_exports[0]):
-        run_dir = detect.run(str(weights), str(source), imgsz=64, conf_thres=0.03, max_det=50, save_csv=True, nosave=True,
+        run_dir = detect.run(str(weights), str(source), imgsz=64, conf_thres=0.1, iou_thres=1.0, max_det=1000, save_csv=True, nosave=True,
                              project=tmp_path, name=weights.suffix)
         runs[weights.suffix] = read_csv_boxes(run_dir)
-    assert len(runs[".pt"]) > 0 and len(runs[".pt"]) == len(runs[".onnx"])
-    for a, b in zip(runs[".pt"], runs[".onnx"]):
-        assert a[:2] == b[:2]
-        assert np.abs(np.subtract(a[2:], b[2:])).max() <= 1.0
+    assert len(runs[".pt"]) > 20 and len(runs[".pt"]) == len(runs[".onnx"])
+    # set-wise: an untrained head on flat backgrounds gives exactly tied boxes, so NMS is switched off
+    # (--iou-thres 1) and the order of equal rows does not matter
+    for image, cls, *box in runs[".pt"]:
+        same = [b[2:] for b in runs[".onnx"] if b[:2] == (image, cls)]
+        assert same and np.abs(np.subtract(same, box)).max(1).min() <= 1.0
 
 
 def test_pytorch_backend_keeps_checkpoint_metadata(tiny_pt):
