@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from models.experimental import attempt_load, tta_forward  # noqa: E402
+from models.backends import load_backend  # noqa: E402
+from models.experimental import tta_forward  # noqa: E402
 from utils.augmentations import letterbox  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
@@ -197,8 +198,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     if model is None:
         device = select_device(device)
-        model = attempt_load(weights, device=device, fuse=True)
-    device = next(model.parameters()).device
+        model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx or .torchscript
+    device = getattr(model, "device", None) or next(model.parameters()).device
     stride = int(model.stride.max())
     imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)
     imgsz = check_img_size(imgsz, stride=stride)

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from models.experimental import attempt_load, tta_forward  # noqa: E402
+from models.backends import load_backend  # noqa: E402
+from models.experimental import tta_forward  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
@@ -154,9 +155,10 @@ def _model_device(model):
 
 
 def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls):
-    """Standalone validation: weights -> fused eval model on ``device``, checked image size, data dict."""
+    """Standalone validation: weights (.pt, .onnx, .torchscript) -> eval backend on ``device``, checked image
+    size, data dict."""
     device = select_device(device, batch_size=batch_size)
-    model = attempt_load(weights, device=device, fuse=True)
+    model = load_backend(weights, device=device, fuse=True)
     imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
     half &= device.type == "cuda"
     if half:

@@ -1,0 +1,211 @@
+"""Export a trained checkpoint to ONNX and/or TorchScript, then check the written file (YOLOv5's flags).
+
+Usage:
+    python export.py --weights runs/train/exp/weights/best.pt --include onnx torchscript --imgsz 640
+    python export.py --weights best.pt --include onnx --dynamic          # any batch size and image size
+
+Each file is written beside the checkpoint (best.onnx, best.torchscript) with its metadata (strides,
+class names, image size) inside, then loaded again (ONNX through onnxruntime) and run on the same
+input as the PyTorch model; the largest difference is printed and an fp32 export whose outputs
+differ by more than 1e-4 relative to the output scale fails (exit code 1) and is not kept.
+"""
+
+import argparse
+import io
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from models.backends import METADATA_KEYS, TORCHSCRIPT_METADATA, load_backend  # noqa: E402
+from models.experimental import attempt_load  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files import atomic_write_bytes  # noqa: E402
+from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.ops import check_img_size  # noqa: E402
+from utils.torch_utils import select_device  # noqa: E402
+
+FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript"}
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}  # largest difference / output scale
+
+
+class ExportCheckError(Exception):
+    """The exported file's outputs differ from PyTorch's by more than the tolerance."""
+
+
+class PredictionOnly(nn.Module):
+    """Wraps a detection model so the exported graph returns ``pred (bs, N, nc + 5)`` alone."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, im: torch.Tensor) -> torch.Tensor:
+        return self.model(im)[0]
+
+
+def export_metadata(model, imgsz, batch, dynamic) -> dict:
+    """Plain metadata stored in the exported file (keys :data:`models.backends.METADATA_KEYS`)."""
+    meta = {"stride": [float(s) for s in model.stride], "names": list(model.names), "imgsz": list(imgsz),
+            "batch": int(batch), "dynamic": bool(dynamic)}
+    return {key: meta[key] for key in METADATA_KEYS}
+
+
+def onnx_bytes(model, im, opset, dynamic, simplify, meta) -> bytes:
+    """Serialised ONNX model of ``PredictionOnly(model)`` traced on ``im``, with ``meta`` attached."""
+    import onnx
+
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 1: "anchors"}}
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript-based exporter's deprecation and tracer notes
+        torch.onnx.export(PredictionOnly(model).eval(), (im,), buffer, dynamo=False, opset_version=opset,
+                          input_names=["images"], output_names=["output0"],
+                          dynamic_axes=axes if dynamic else None, do_constant_folding=True)
+    proto = onnx.load_from_string(buffer.getvalue())
+    onnx.checker.check_model(proto)
+    if simplify:
+        import onnxsim
+
+        proto, ok = onnxsim.simplify(proto)
+        if not ok:
+            raise ExportCheckError("onnxsim could not verify the simplified model; export without --simplify")
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
+    return proto.SerializeToString()
+
+
+def torchscript_bytes(model, im, meta) -> bytes:
+    """Serialised traced TorchScript of ``PredictionOnly(model)`` with ``meta`` as config.txt."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # tracer notes and torch.jit's deprecation notice
+        traced = torch.jit.trace(PredictionOnly(model).eval(), im, strict=False)
+        buffer = io.BytesIO()
+        torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA: json.dumps(meta)})
+    return buffer.getvalue()
+
+
+def relative_difference(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Largest |out - ref| over ``(bs, N, no)`` predictions, relative to the output scale.
+
+    Boxes (xywh pixels) are divided by the largest reference box value; scores are probabilities,
+    whose scale is 1.
+    """
+    if ref.shape != out.shape:
+        return float("inf")
+    diff = (out.float() - ref.float()).abs()
+    box_scale = ref[..., :4].abs().max().clamp(min=1.0)
+    return max(float(diff[..., :4].max() / box_scale), float(diff[..., 4:].max()))
+
+
+def write_and_check(fmt, data, path, model, im, device):
+    """Write ``data`` to a sibling temporary file, load it as a backend, compare with ``model`` on ``im``;
+    on success move it to ``path``, otherwise delete it and raise ExportCheckError."""
+    tmp = path.with_name(f".{path.stem}.check{path.suffix}")
+    atomic_write_bytes(tmp, data)
+    try:
+        backend = load_backend(tmp, device=device)
+        with torch.no_grad():
+            ref = model(im)[0]
+            out = backend(im)[0]
+        difference = relative_difference(ref, out)
+        tolerance = TOLERANCE[im.dtype]
+        LOGGER.info(f"{colorstr(fmt + ':')} largest difference to PyTorch {difference:.3g} "
+                    f"(relative to output scale; limit {tolerance:g})")
+        if not difference <= tolerance:
+            raise ExportCheckError(f"{fmt}: exported outputs differ from PyTorch by {difference:.3g} relative "
+                                   f"(limit {tolerance:g}); {path} was not written")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    LOGGER.info(f"{colorstr(fmt + ':')} saved {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+def check_options(opt, device):
+    """Validate flag combinations before any work; returns the checked (h, w) image size."""
+    unknown = [f for f in opt.include if f not in FORMATS]
+    if unknown or not opt.include:
+        raise UserError(f"--include {opt.include}: choose from {list(FORMATS)}")
+    if opt.batch_size < 1:
+        raise UserError(f"--batch-size {opt.batch_size}: must be a positive integer")
+    if len(opt.imgsz) > 2 or min(opt.imgsz) < 1:
+        raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
+    if opt.half and device.type != "cuda":
+        raise UserError("--half needs a CUDA --device (fp16 export is GPU only); drop --half for CPU")
+    if opt.half and opt.dynamic:
+        raise UserError("--half and --dynamic cannot be combined; choose one")
+    if opt.simplify and "onnx" in opt.include:
+        try:
+            import onnxsim  # noqa: F401
+        except ImportError:
+            raise UserError("--simplify needs onnxsim; pip install onnxsim, or drop --simplify") from None
+    if "onnx" in opt.include:
+        try:
+            import onnx  # noqa: F401
+        except ImportError:
+            raise UserError("--include onnx needs onnx and onnxruntime; pip install onnx onnxruntime") from None
+    return opt.imgsz * 2 if len(opt.imgsz) == 1 else opt.imgsz
+
+
+def run(weights, imgsz=(640,), batch_size=1, include=("torchscript",), dynamic=False, simplify=False, opset=17,
+        half=False, device=""):
+    """Export ``weights`` to each format in ``include``; returns the written paths."""
+    opt = argparse.Namespace(weights=weights, imgsz=list(imgsz), batch_size=batch_size, include=list(include),
+                             dynamic=dynamic, simplify=simplify, half=half)
+    device = select_device(device)
+    imgsz = check_options(opt, device)
+    model = attempt_load(weights, device=device, fuse=True)
+    imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
+    generator = torch.Generator().manual_seed(0)
+    im = torch.rand(batch_size, 3, *imgsz, generator=generator).to(device)
+    if half:
+        im, model = im.half(), model.half()
+    with torch.no_grad():
+        model(im)  # dry run
+    meta = export_metadata(model, imgsz, batch_size, dynamic)
+    written = []
+    for fmt in dict.fromkeys(include):
+        path = Path(weights).with_suffix(FORMATS[fmt])
+        LOGGER.info(f"\n{colorstr(fmt + ':')} exporting {weights} at {tuple(im.shape)} ...")
+        data = (onnx_bytes(model, im, opset, dynamic, simplify, meta) if fmt == "onnx"
+                else torchscript_bytes(model, im, meta))
+        write_and_check(fmt, data, path, model, im, device)
+        written.append(path)
+    return written
+
+
+def parse_opt(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", type=str, required=True, help="checkpoint (.pt) to export")
+    parser.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="image size h w")
+    parser.add_argument("--batch-size", type=int, default=1, help="batch size of the exported graph")
+    parser.add_argument("--include", nargs="+", default=["torchscript"], help=f"formats: {' '.join(FORMATS)}")
+    parser.add_argument("--dynamic", action="store_true", help="ONNX/TorchScript: any batch size and image size")
+    parser.add_argument("--simplify", action="store_true", help="ONNX: simplify with onnxsim")
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
+    parser.add_argument("--half", action="store_true", help="FP16 export (CUDA --device only)")
+    parser.add_argument("--device", default="cpu", help="cuda device, i.e. 0 or cpu")
+    return parser.parse_args(argv)
+
+
+def cli(argv=None):
+    """Command-line entry: user mistakes exit 2, a failed output check exits 1."""
+    try:
+        exit_on_user_error(lambda: run(**vars(parse_opt(argv))))()
+    except ExportCheckError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    cli()

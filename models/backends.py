@@ -1,0 +1,189 @@
+"""One inference interface for every weights format: PyTorch checkpoints, ONNX and TorchScript.
+
+``load_backend(weights, device)`` returns an :class:`InferenceBackend`, an ``nn.Module`` whose
+forward takes ``im`` ``(bs, 3, h, w)`` float in 0-1 and returns ``(pred, raw)``: ``pred``
+``(bs, N, nc + 5)`` holds xywh in input pixels and sigmoid scores, exactly as the PyTorch model's
+eval forward; ``raw`` is the model's per-level output for checkpoints and None otherwise. Every
+backend exposes ``stride`` (float tensor), ``names`` (list of str), ``nc``, ``device``, ``fixed_shape``
+(``(bs, h, w)`` of a static export, else None) and ``kind``.
+
+Exported files carry their own metadata (see :data:`METADATA_KEYS`): ONNX in the model's
+``metadata_props``, TorchScript in the archive's ``config.txt``; loading needs nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.experimental import attempt_load
+from utils.errors import UserError
+from utils.logging import LOGGER
+
+METADATA_KEYS = ("stride", "names", "imgsz", "batch", "dynamic")
+TORCHSCRIPT_METADATA = "config.txt"
+PAD_VALUE = 114 / 255  # letterbox grey, so a padded static input looks like letterbox padding
+SUFFIXES = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
+
+
+def check_metadata(meta, path) -> dict:
+    """Validate exported metadata: every key of METADATA_KEYS present, strides and names sane."""
+    missing = [k for k in METADATA_KEYS if k not in meta] if isinstance(meta, dict) else list(METADATA_KEYS)
+    if missing:
+        raise UserError(f"{path}: exported model has no {missing} metadata; re-export it with this "
+                        "project's export.py")
+    if not meta["stride"] or not isinstance(meta["names"], list) or not meta["names"]:
+        raise UserError(f"{path}: exported metadata has empty 'stride' or 'names'; re-export it with export.py")
+    return meta
+
+
+class InferenceBackend(nn.Module):
+    """Base of all backends: metadata attributes plus :meth:`forward` ``im -> (pred, raw)``."""
+
+    kind = "base"
+
+    def __init__(self, stride, names, device, fixed_shape=None):
+        super().__init__()
+        self.register_buffer("stride", torch.as_tensor(stride, dtype=torch.float32), persistent=False)
+        self.names = [str(n) for n in names]
+        self.nc = len(self.names)
+        self.device = torch.device(device)
+        self.fixed_shape = fixed_shape
+
+
+class PyTorchBackend(InferenceBackend):
+    """A checkpoint (or an ensemble of checkpoints) run by PyTorch; ``half()`` works on CUDA."""
+
+    kind = "pytorch"
+
+    def __init__(self, model: nn.Module):
+        device = next(model.parameters()).device
+        super().__init__(model.stride.tolist(), model.names, device)
+        self.model = model
+
+    def forward(self, im: torch.Tensor):
+        """``(bs, 3, h, w)`` -> ``(pred (bs, N, no), raw)``, the model's own eval output."""
+        return self.model(im)
+
+
+class _ExportedBackend(InferenceBackend):
+    """Shared input handling of exported files: static shapes are honoured by chunking and padding."""
+
+    def forward(self, im: torch.Tensor):
+        """``(bs, 3, h, w)`` -> ``(pred (bs, N, no), None)`` in ``im``'s dtype."""
+        if self.fixed_shape is None:
+            return self._run(im.float()).to(im.dtype), None
+        batch, height, width = self.fixed_shape
+        h, w = im.shape[2:]
+        if h > height or w > width:
+            raise UserError(f"input {h}x{w} is larger than the {height}x{width} this model was exported for; "
+                            f"use --imgsz {max(height, width)} or re-export with --dynamic")
+        im = F.pad(im.float(), [0, width - w, 0, height - h], value=PAD_VALUE)  # right/bottom: boxes stay put
+        outputs = []
+        for chunk in im.split(batch):
+            n = len(chunk)
+            if n < batch:
+                chunk = torch.cat((chunk, chunk.new_zeros(batch - n, *chunk.shape[1:])))
+            outputs.append(self._run(chunk)[:n])
+        return torch.cat(outputs).to(im.dtype), None
+
+    def _run(self, im: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class OnnxBackend(_ExportedBackend):
+    """An ``.onnx`` file run by ONNX Runtime (CUDA provider when asked for and available)."""
+
+    kind = "onnx"
+
+    def __init__(self, path, device="cpu"):
+        try:
+            import onnxruntime
+        except ImportError:
+            raise UserError(f"{path}: running ONNX models needs onnxruntime; pip install onnxruntime") from None
+        device = torch.device(device)
+        available = onnxruntime.get_available_providers()
+        providers = ["CPUExecutionProvider"]
+        if device.type == "cuda" and "CUDAExecutionProvider" in available:
+            providers.insert(0, "CUDAExecutionProvider")
+        elif device.type == "cuda":
+            LOGGER.warning(f"{path}: onnxruntime has no CUDA provider here; running on CPU")
+            device = torch.device("cpu")
+        try:
+            session = onnxruntime.InferenceSession(str(path), providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable models
+            raise UserError(f"{path}: onnxruntime cannot load this file ({str(e).splitlines()[0][:200]})") from None
+        raw = session.get_modelmeta().custom_metadata_map
+        meta = check_metadata({k: json.loads(v) for k, v in raw.items() if k in METADATA_KEYS}, path)
+        fixed = None if meta["dynamic"] else (meta["batch"], *meta["imgsz"])
+        super().__init__(meta["stride"], meta["names"], device, fixed)
+        self.session = session
+        self.input_name = session.get_inputs()[0].name
+        self.input_dtype = "float16" if session.get_inputs()[0].type == "tensor(float16)" else "float32"
+        self.imgsz = meta["imgsz"]
+
+    def _run(self, im: torch.Tensor) -> torch.Tensor:
+        """``(bs, 3, h, w)`` -> float32 ``(bs, N, no)`` on the input's device (fed in the model's input dtype)."""
+        feed = im.detach().cpu().numpy().astype(self.input_dtype)
+        out = self.session.run(None, {self.input_name: feed})[0]
+        return torch.from_numpy(out).float().to(im.device)
+
+
+class TorchScriptBackend(_ExportedBackend):
+    """A ``.torchscript`` file written by export.py (a traced model returning ``pred`` only)."""
+
+    kind = "torchscript"
+
+    def __init__(self, path, device="cpu"):
+        extra = {TORCHSCRIPT_METADATA: ""}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
+                module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=extra)
+        except (RuntimeError, ValueError, OSError) as e:
+            raise UserError(f"{path}: not a readable TorchScript file ({str(e).splitlines()[0][:200]})") from None
+        try:
+            meta = json.loads(extra[TORCHSCRIPT_METADATA] or "{}")
+        except json.JSONDecodeError:
+            meta = {}
+        meta = check_metadata(meta, path)
+        fixed = None if meta["dynamic"] else (meta["batch"], *meta["imgsz"])
+        super().__init__(meta["stride"], meta["names"], device, fixed)
+        self.module = module.eval()
+        self.imgsz = meta["imgsz"]
+
+    def _run(self, im: torch.Tensor) -> torch.Tensor:
+        return self.module(im)
+
+
+def weights_kind(path) -> str:
+    """``'pytorch'``, ``'onnx'`` or ``'torchscript'`` from the file suffix; anything else is a UserError."""
+    kind = SUFFIXES.get(Path(path).suffix.lower())
+    if kind is None:
+        raise UserError(f"--weights {path}: unknown weights format; use a .pt checkpoint, an .onnx or a "
+                        ".torchscript file written by export.py")
+    return kind
+
+
+def load_backend(weights, device=None, fuse=True) -> InferenceBackend:
+    """Open ``weights`` (a path, or a list of .pt paths for an ensemble) on ``device`` as a backend."""
+    paths = [weights] if isinstance(weights, (str, Path)) else list(weights)
+    if not paths:
+        raise UserError("--weights: no weights file given; pass a checkpoint such as runs/train/exp/weights/best.pt")
+    kinds = {weights_kind(p) for p in paths}
+    device = torch.device(device or "cpu")
+    if kinds == {"pytorch"}:
+        return PyTorchBackend(attempt_load(paths if len(paths) > 1 else paths[0], device=device, fuse=fuse))
+    if len(paths) > 1:
+        raise UserError(f"--weights {[str(p) for p in paths]}: only .pt checkpoints can form an ensemble")
+    path = Path(paths[0])
+    if not path.is_file():
+        raise UserError(f"--weights {path}: file not found")
+    backend = OnnxBackend(path, device) if kinds == {"onnx"} else TorchScriptBackend(path, device)
+    LOGGER.info(f"Loaded {path} ({backend.kind}, {backend.nc} classes, strides {backend.stride.tolist()})")
+    return backend

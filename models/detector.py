@@ -1,0 +1,120 @@
+"""Python API: ``Detector("best.pt")(images)`` -> boxes, scores and classes in original-image pixels.
+
+    from models import Detector
+    detector = Detector("runs/train/exp/weights/best.pt", conf=0.25)   # or best.onnx / best.torchscript
+    result = detector("image.jpg")                                     # one image -> one Detections
+    for det in detector([np_rgb_array, pil_image], iou=0.5):           # a list -> a list
+        print(det.boxes, det.scores, det.classes, det.labels)
+
+Images are file paths, HWC RGB ``uint8`` numpy arrays (HW grayscale and RGBA accepted) or PIL
+images. Pre-processing matches detect.py: letterbox to ``imgsz`` at the model's stride, NMS with
+``conf``/``iou``/``max_det``/``classes``/``agnostic``, boxes mapped back to the original image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from models.backends import load_backend
+from utils.augmentations import letterbox
+from utils.errors import UserError
+from utils.ops import check_img_size, non_max_suppression, scale_boxes
+from utils.torch_utils import select_device
+
+
+@dataclass
+class Detections:
+    """Detections of one image: ``boxes`` (n, 4) xyxy float pixels of the original image,
+    ``scores`` (n,) float, ``classes`` (n,) int, ``names`` the model's class names."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    names: list
+
+    @property
+    def labels(self) -> list[str]:
+        """Class name of each detection."""
+        return [self.names[int(c)] for c in self.classes]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+def to_rgb_array(image) -> np.ndarray:
+    """A path, numpy array or PIL image -> contiguous HWC RGB uint8 array; anything else is a UserError."""
+    if isinstance(image, (str, Path)):
+        bgr = cv2.imread(str(image))
+        if bgr is None:
+            raise UserError(f"{image}: not a readable image file")
+        return np.ascontiguousarray(bgr[..., ::-1])
+    if hasattr(image, "convert") and hasattr(image, "size"):  # a PIL image, without importing PIL here
+        return np.asarray(image.convert("RGB"))
+    if not isinstance(image, np.ndarray):
+        raise UserError(f"images: expected paths, numpy arrays or PIL images, got {type(image).__name__}")
+    if image.dtype != np.uint8:
+        raise UserError(f"images: numpy arrays must be uint8 0-255 (HWC RGB), got dtype {image.dtype}")
+    if image.ndim == 2:
+        image = np.repeat(image[..., None], 3, axis=2)
+    if image.ndim != 3 or image.shape[2] not in (1, 3, 4) or min(image.shape[:2]) < 1:
+        raise UserError(f"images: numpy arrays must be HWC with 1, 3 or 4 channels, got shape {image.shape}")
+    if image.shape[2] == 1:
+        image = np.repeat(image, 3, axis=2)
+    return np.ascontiguousarray(image[..., :3])
+
+
+class Detector:
+    """Load weights once (.pt, .onnx, .torchscript), then call on images; see the module docstring.
+
+    ``conf``, ``iou``, ``max_det``, ``classes`` (list of class indices to keep) and ``agnostic``
+    mean what detect.py's ``--conf-thres``, ``--iou-thres``, ``--max-det``, ``--classes`` and
+    ``--agnostic-nms`` mean, and can be overridden per call.
+    """
+
+    def __init__(self, weights, device="", imgsz=640, conf=0.25, iou=0.45, max_det=1000, classes=None,
+                 agnostic=False, half=False):
+        self.device = select_device(device)
+        self.model = load_backend(weights, device=self.device, fuse=True).eval()
+        self.half = bool(half) and self.device.type == "cuda"
+        if self.half:
+            self.model.half()
+        self.stride = int(self.model.stride.max())
+        size = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz)
+        fixed = self.model.fixed_shape
+        self.imgsz = list(fixed[1:]) if fixed else check_img_size(size, stride=self.stride)
+        self.names = self.model.names
+        self.options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic}
+
+    def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
+        """HWC RGB uint8 -> letterboxed ``(1, 3, h, w)`` float 0-1 on the model's device."""
+        im = letterbox(rgb, self.imgsz, stride=self.stride, auto=self.model.fixed_shape is None)[0]
+        im = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1))).to(self.device)[None]
+        return (im.half() if self.half else im.float()) / 255
+
+    @torch.no_grad()
+    def detect_one(self, image, **options) -> Detections:
+        """Detections of one image in its original pixels."""
+        opts = {**self.options, **options}
+        unknown = set(options) - set(self.options)
+        if unknown:
+            raise UserError(f"Detector: unknown option(s) {sorted(unknown)}; use {sorted(self.options)}")
+        rgb = to_rgb_array(image)
+        im = self.preprocess(rgb)
+        pred = self.model(im)[0]
+        det = non_max_suppression(pred.float(), opts["conf"], opts["iou"], opts["classes"], opts["agnostic"],
+                                  max_det=opts["max_det"])[0]
+        det[:, :4] = scale_boxes(im.shape[2:], det[:, :4], rgb.shape)
+        det = det.cpu().numpy()
+        return Detections(det[:, :4].astype(np.float32), det[:, 4].astype(np.float32),
+                          det[:, 5].astype(np.int64), self.names)
+
+    def __call__(self, images, **options):
+        """One image -> :class:`Detections`; a list or tuple of images -> a list of them."""
+        if isinstance(images, (list, tuple)):
+            return [self.detect_one(image, **options) for image in images]
+        return self.detect_one(images, **options)

@@ -1,0 +1,84 @@
+"""Python API (models.Detector) and hubconf.py."""
+
+import csv
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import detect
+from models import Detector, Detections
+from tests.conftest import ROOT
+from tests.test_export import write_tiny_checkpoint
+from utils.errors import UserError
+
+OPTIONS = {"imgsz": 64, "conf": 0.1, "iou": 0.45}
+
+
+@pytest.fixture(scope="module")
+def tiny_pt(tmp_path_factory, tiny_cfg):
+    return write_tiny_checkpoint(tiny_cfg, tmp_path_factory.mktemp("api") / "tiny.pt")
+
+
+@pytest.fixture(scope="module")
+def image_path(shapes_data):
+    return sorted((shapes_data.parent / "shapes" / "images" / "val").glob("*.jpg"))[0]
+
+
+def test_paths_arrays_and_pil_images_give_the_same_detections(tiny_pt, image_path):
+    detector = Detector(tiny_pt, **OPTIONS)
+    rgb = cv2.imread(str(image_path))[..., ::-1].copy()
+    by_path = detector(image_path)
+    by_array, by_pil = detector([rgb, Image.fromarray(rgb)])
+    assert isinstance(by_path, Detections) and len(by_path) > 0
+    for other in (by_array, by_pil):
+        assert np.array_equal(other.boxes, by_path.boxes) and np.array_equal(other.classes, by_path.classes)
+    h, w = rgb.shape[:2]
+    assert by_path.boxes[:, [0, 2]].max() <= w and by_path.boxes[:, [1, 3]].max() <= h and by_path.boxes.min() >= 0
+    assert by_path.labels[0] in ("circle", "square", "triangle", "cross")
+
+
+def test_detector_matches_detect_py_in_original_pixels(tiny_pt, image_path, tmp_path):
+    run_dir = detect.run(str(tiny_pt), str(image_path), imgsz=64, conf_thres=0.1, save_csv=True, nosave=True,
+                         project=tmp_path)
+    with open(run_dir / "predictions.csv") as f:
+        rows = sorted((int(r["class"]), *(float(r[k]) for k in ("x1", "y1", "x2", "y2"))) for r in csv.DictReader(f))
+    det = Detector(tiny_pt, **OPTIONS)(str(image_path))
+    ours = sorted((int(c), *b) for c, b in zip(det.classes, det.boxes.round().tolist()))
+    assert len(ours) == len(rows) > 0
+    assert np.abs(np.subtract(ours, rows)).max() <= 1.0
+
+
+def test_options_filter_and_limit(tiny_pt, image_path):
+    detector = Detector(tiny_pt, **OPTIONS)
+    everything = detector(image_path)
+    assert len(detector(image_path, max_det=3)) == 3
+    assert len(detector(image_path, conf=0.99)) == 0
+    only = detector(image_path, classes=[int(everything.classes[0])])
+    assert len(only) > 0 and set(only.classes.tolist()) == {int(everything.classes[0])}
+    gray = detector(np.zeros((40, 90), np.uint8))
+    assert gray.boxes.shape[1] == 4
+
+
+@pytest.mark.parametrize("image, message", [
+    (np.zeros((32, 32, 3), np.float32), "must be uint8"),
+    (np.zeros((32, 32, 2), np.uint8), "1, 3 or 4 channels"),
+    ("missing.jpg", "not a readable image file"),
+    (42, "expected paths, numpy arrays or PIL images"),
+])
+def test_bad_images_raise_one_line_user_errors(tiny_pt, image, message):
+    with pytest.raises(UserError, match=message):
+        Detector(tiny_pt, **OPTIONS)(image)
+
+
+def test_unknown_option_is_a_user_error(tiny_pt, image_path):
+    with pytest.raises(UserError, match="unknown option"):
+        Detector(tiny_pt, **OPTIONS)(image_path, confidence=0.5)
+
+
+def test_torch_hub_custom_loads_a_local_checkpoint(tiny_pt, image_path):
+    detector = torch.hub.load(str(ROOT), "custom", path=str(tiny_pt), source="local", **OPTIONS)
+    assert isinstance(detector, Detector)
+    assert np.array_equal(detector(image_path).boxes, Detector(tiny_pt, **OPTIONS)(image_path).boxes)

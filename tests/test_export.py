@@ -1,0 +1,173 @@
+"""export.py: ONNX and TorchScript files, their metadata and checks; exported models in val.py and detect.py."""
+
+import csv
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import detect
+import export
+import val
+from models.backends import OnnxBackend, PyTorchBackend, TorchScriptBackend, load_backend
+from models.experimental import attempt_load
+from models.yolo import Model
+from utils.checkpoints import save_checkpoint
+from utils.errors import UserError
+
+NAMES = ["circle", "square", "triangle", "cross"]
+
+
+def write_tiny_checkpoint(cfg, path, seed=0):
+    """A tiny-model checkpoint with 4 classes whose detection head predicts many boxes (so mAP is not 0)."""
+    torch.manual_seed(seed)
+    model = Model(cfg, nc=len(NAMES))
+    with torch.no_grad():
+        for conv in model.model[-1].m:
+            conv.bias.view(model.model[-1].na, -1)[:, 4] += 8.0  # objectness up: boxes everywhere
+    save_checkpoint({"model_cfg": model.yaml, "nc": len(NAMES), "names": NAMES, "model": model.state_dict(),
+                     "ema": None}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_pt(tmp_path_factory, tiny_cfg):
+    return write_tiny_checkpoint(tiny_cfg, tmp_path_factory.mktemp("weights") / "tiny.pt")
+
+
+@pytest.fixture(scope="module")
+def dynamic_exports(tiny_pt):
+    return export.run(tiny_pt, imgsz=[64], include=["onnx", "torchscript"], dynamic=True)
+
+
+def test_export_writes_checked_files_with_metadata(dynamic_exports, tiny_pt):
+    onnx_path, ts_path = dynamic_exports
+    assert onnx_path.suffix == ".onnx" and ts_path.suffix == ".torchscript"
+    meta = {p.key: p.value for p in onnx.load(str(onnx_path)).metadata_props}
+    assert meta["names"] == '["circle", "square", "triangle", "cross"]' and meta["dynamic"] == "true"
+    model = attempt_load(tiny_pt)
+    x = torch.rand(2, 3, 96, 64)  # another batch size and shape than the export's (1, 3, 64, 64)
+    ref = model(x)[0]
+    for path, cls in ((onnx_path, OnnxBackend), (ts_path, TorchScriptBackend)):
+        backend = load_backend(path)
+        assert isinstance(backend, cls)
+        assert backend.names == NAMES and backend.stride.tolist() == model.stride.tolist()
+        out, raw = backend(x)
+        assert raw is None and out.shape == ref.shape
+        assert (out - ref).abs().max() < 1e-3
+
+
+def test_static_export_pads_smaller_inputs_and_rejects_larger(tiny_pt, tmp_path):
+    pt = tmp_path / "static.pt"
+    pt.write_bytes(tiny_pt.read_bytes())
+    (path,) = export.run(pt, imgsz=[64], include=["onnx"], batch_size=2)
+    backend = load_backend(path)
+    assert backend.fixed_shape == (2, 64, 64)
+    x = torch.rand(3, 3, 64, 64)  # 3 images through a batch-2 graph: chunked and padded
+    assert (backend(x)[0] - attempt_load(pt)(x)[0]).abs().max() < 1e-3
+    small = torch.rand(1, 3, 48, 64)
+    assert backend(small)[0].shape == (1, 1008, 9)
+    with pytest.raises(UserError, match="larger than the 64x64"):
+        backend(torch.rand(1, 3, 96, 64))
+
+
+def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch):
+    pt = tmp_path / "m.pt"
+    pt.write_bytes(tiny_pt.read_bytes())
+    old = tmp_path / "m.onnx"
+    old.write_bytes(b"previous export")
+    monkeypatch.setattr(export, "relative_difference", lambda ref, out: 0.5)
+    with pytest.raises(export.ExportCheckError, match="differ from PyTorch by 0.5"):
+        export.run(pt, imgsz=[64], include=["onnx"])
+    assert old.read_bytes() == b"previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.pt"]
+
+
+def test_relative_difference_scales_boxes_not_scores():
+    ref = torch.zeros(1, 2, 7)
+    ref[..., :4] = 600.0
+    out = ref.clone()
+    out[0, 0, 0] += 0.06  # 1e-4 of the box scale
+    assert export.relative_difference(ref, out) == pytest.approx(1e-4, rel=1e-3)
+    out[0, 0, 5] += 0.01  # a score 0.01 off is 0.01 off
+    assert export.relative_difference(ref, out) == pytest.approx(0.01, rel=1e-3)
+    assert export.relative_difference(ref, out[:, :1]) == float("inf")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--include", "tflite"], "--include ['tflite']: choose from"),
+    (["--half"], "--half needs a CUDA --device"),
+    (["--imgsz", "0"], "--imgsz [0]"),
+    (["--batch-size", "0"], "--batch-size 0"),
+])
+def test_bad_flags_exit_2_with_one_line(tiny_pt, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        export.cli(["--weights", str(tiny_pt), *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR: ") and message in err and "\n" not in err
+
+
+def test_unknown_weights_format_and_missing_file(tmp_path):
+    with pytest.raises(UserError, match="unknown weights format"):
+        load_backend(tmp_path / "model.tflite")
+    with pytest.raises(UserError, match="file not found"):
+        load_backend(tmp_path / "model.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not onnx")
+    with pytest.raises(UserError, match="onnxruntime cannot load"):
+        load_backend(bad)
+
+
+def saved_predictions(run_dir):
+    """{label file name: (n, 6) array [cls, x, y, w, h, conf] sorted by conf} from val.py --save-txt --save-conf."""
+    out = {}
+    for f in sorted((run_dir / "labels").glob("*.txt")):
+        rows = np.array([line.split() for line in f.read_text().splitlines()], dtype=float).reshape(-1, 6)
+        out[f.name] = rows[np.argsort(-rows[:, 5], kind="stable")]
+    return out
+
+
+def test_val_onnx_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_data, tmp_path):
+    results, predictions = {}, {}
+    for weights in (tiny_pt, *dynamic_exports):
+        (mp, mr, map50, map_, *_), _, _ = val.run(shapes_data, weights=str(weights), batch_size=2, imgsz=64,
+                                                   conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True, save_conf=True,
+                                                   project=tmp_path, name=weights.suffix)
+        results[weights.suffix] = (mp, mr, map50, map_)
+        predictions[weights.suffix] = saved_predictions(tmp_path / weights.suffix)
+    assert sum(map(len, predictions[".pt"].values())) > 50  # an untrained model's mAP is ~0, so the predictions are compared too
+    for suffix in (".onnx", ".torchscript"):
+        assert np.allclose(results[suffix], results[".pt"], atol=0.001)
+        assert predictions[suffix].keys() == predictions[".pt"].keys()
+        for name, ref in predictions[".pt"].items():
+            assert predictions[suffix][name].shape == ref.shape
+            assert np.abs(predictions[suffix][name][:, 5] - ref[:, 5]).max() < 1e-3
+
+
+def read_csv_boxes(run_dir):
+    with open(run_dir / "predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    return sorted((r["image"], int(r["class"]), *(float(r[k]) for k in ("x1", "y1", "x2", "y2"))) for r in rows)
+
+
+def test_detect_onnx_writes_the_same_boxes(dynamic_exports, tiny_pt, shapes_data, tmp_path):
+    source = shapes_data.parent / "shapes" / "images" / "val"
+    runs = {}
+    for weights in (tiny_pt, dynamic_exports[0]):
+        run_dir = detect.run(str(weights), str(source), imgsz=64, conf_thres=0.1, iou_thres=1.0, max_det=1000, save_csv=True, nosave=True,
+                             project=tmp_path, name=weights.suffix)
+        runs[weights.suffix] = read_csv_boxes(run_dir)
+    assert len(runs[".pt"]) > 20 and len(runs[".pt"]) == len(runs[".onnx"])
+    # set-wise: an untrained head on flat backgrounds gives exactly tied boxes, so NMS is switched off
+    # (--iou-thres 1) and the order of equal rows does not matter
+    for image, cls, *box in runs[".pt"]:
+        same = [b[2:] for b in runs[".onnx"] if b[:2] == (image, cls)]
+        assert same and np.abs(np.subtract(same, box)).max(1).min() <= 1.0
+
+
+def test_pytorch_backend_keeps_checkpoint_metadata(tiny_pt):
+    backend = load_backend(tiny_pt)
+    assert isinstance(backend, PyTorchBackend) and backend.names == NAMES and backend.fixed_shape is None
+    with pytest.raises(UserError, match="only .pt checkpoints can form an ensemble"):
+        load_backend([tiny_pt, tiny_pt.with_suffix(".onnx")])

@@ -1,0 +1,260 @@
+"""Convert an upstream YOLOv5 (v6/v7) or FFCA-YOLO authors' checkpoint into this project's plain checkpoint.
+
+Usage: ``python -m utils.convert_checkpoint SRC.pt DST.pt`` then ``python train.py --weights DST.pt ...``
+
+Those checkpoints pickle whole model objects. :func:`read_foreign_checkpoint` parses them with an unpickler that resolves only an allow-list of globals (tensor and storage
+rebuilding, ``OrderedDict``, ``set``); every other global, module classes and functions such as
+``os.system`` alike, becomes an inert :class:`Placeholder` that merely records its arguments and
+state. Nothing named by the file is imported or called, so no ``__reduce__`` payload can execute.
+
+The converter then takes the model YAML stored in the checkpoint, builds this project's model from
+it (in :func:`main`; utils/ does not import models/ at module level), fills every parameter and
+buffer from the file's tensors (by name, else by order and shape within each layer), fails unless
+every tensor of the file was used, and saves a plain ``weights_only`` checkpoint atomically.
+FFCA-YOLO's FFM weights are applied per channel here, not with the authors' ``.view(N, H, W, C)``;
+:func:`ffm_weight_spread` reports whether that changes the converted model's outputs (see
+docs/export.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+
+from utils.checkpoints import save_checkpoint
+from utils.errors import UserError, exit_on_user_error
+from utils.logging import LOGGER
+
+STORAGE_DTYPES = {
+    "FloatStorage": torch.float32, "HalfStorage": torch.float16, "DoubleStorage": torch.float64,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool, "UntypedStorage": torch.uint8,
+}
+
+
+class Placeholder:
+    """Stands in for any class or function a pickle names; stores what the pickle gives it, runs nothing.
+
+    ``qualname`` is ``module.name`` of the global; ``args``/``kwargs`` come from REDUCE/NEWOBJ,
+    ``state`` from BUILD (an ``nn.Module``'s ``__dict__``), ``items``/``list`` from SETITEMS/APPENDS.
+    """
+
+    qualname = "?"
+    state = None  # NEWOBJ creates instances without __init__; these class defaults are never mutated
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __setitem__(self, key, value):
+        self.__dict__.setdefault("items", {})[key] = value
+
+    def append(self, value):
+        self.__dict__.setdefault("list", []).append(value)
+
+    def extend(self, values):
+        self.__dict__.setdefault("list", []).extend(values)
+
+    def __repr__(self):
+        return f"Placeholder({self.qualname})"
+
+
+def _placeholder_class(module: str, name: str) -> type:
+    return type(f"Placeholder_{name}", (Placeholder,), {"qualname": f"{module}.{name}"})
+
+
+def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, *state):
+    return data
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler for one ``data.pkl``; storages are read from the zip by ``storage_bytes(key)``."""
+
+    def __init__(self, file, storage_bytes):
+        super().__init__(file)
+        self._storage_bytes = storage_bytes
+        self._storages = {}
+
+    def find_class(self, module, name):
+        if module in ("collections",) and name == "OrderedDict":
+            return collections.OrderedDict
+        if module in ("builtins", "__builtin__") and name in ("set", "frozenset"):
+            return {"set": set, "frozenset": frozenset}[name]
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return self._rebuild_tensor
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return _rebuild_parameter
+        if module in ("torch", "torch.storage") and name in STORAGE_DTYPES:
+            return STORAGE_DTYPES[name]
+        return _placeholder_class(module, name)
+
+    def persistent_load(self, pid):
+        """``('storage', dtype, key, location, numel)`` -> a flat tensor of that dtype from the zip."""
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise pickle.UnpicklingError(f"unsupported persistent id {str(pid)[:80]}")
+        _, dtype, key, _, _ = pid
+        if key not in self._storages:
+            raw = bytearray(self._storage_bytes(str(key)))
+            self._storages[key] = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        return self._storages[key]
+
+    @staticmethod
+    def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, *metadata):
+        if not isinstance(storage, torch.Tensor):
+            raise pickle.UnpicklingError("tensor rebuilt from something that is not a storage")
+        return storage.as_strided(tuple(size), tuple(stride), offset).clone()
+
+
+def read_foreign_checkpoint(path):
+    """Unpickle the ``torch.save`` zip at ``path`` safely; returns its top-level object (usually a dict)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: checkpoint not found")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if pkl is None:
+                raise UserError(f"{path}: no data.pkl inside; not a torch.save file of PyTorch 1.6 or newer")
+            prefix = pkl[: -len("data.pkl")]
+            with archive.open(pkl) as f:
+                return _RestrictedUnpickler(f, lambda key: archive.read(f"{prefix}data/{key}")).load()
+    except zipfile.BadZipFile:
+        raise UserError(f"{path}: not a zip-format torch checkpoint (legacy or damaged file)") from None
+    except (pickle.UnpicklingError, EOFError, KeyError, ValueError, RuntimeError) as e:
+        raise UserError(f"{path}: cannot read the checkpoint safely ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+# ----------------------------------------------------------------------------- foreign model
+def module_tensors(module: Placeholder, prefix: str = "") -> dict:
+    """``state_dict()``-style ``{name: tensor}`` of a pickled ``nn.Module`` placeholder, in registration order."""
+    state = module.state if isinstance(module.state, dict) else {}
+    out = {}
+    for name, tensor in (state.get("_parameters") or {}).items():
+        if isinstance(tensor, torch.Tensor):
+            out[prefix + name] = tensor
+    skip = state.get("_non_persistent_buffers_set") or set()
+    for name, tensor in (state.get("_buffers") or {}).items():
+        if isinstance(tensor, torch.Tensor) and name not in skip:
+            out[prefix + name] = tensor
+    for name, child in (state.get("_modules") or {}).items():
+        if isinstance(child, Placeholder):
+            out.update(module_tensors(child, f"{prefix}{name}."))
+    return out
+
+
+def foreign_model(ckpt, path) -> tuple[dict, list, dict, str]:
+    """(model YAML dict, class names, tensors, class name) of the EMA (else model) in a foreign checkpoint."""
+    if not isinstance(ckpt, dict):
+        raise UserError(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
+    model = ckpt.get("ema") or ckpt.get("model")
+    if not isinstance(model, Placeholder) or not isinstance(model.state, dict):
+        raise UserError(f"{path}: no pickled model under 'ema' or 'model'; is this a YOLOv5/FFCA-YOLO checkpoint?")
+    cfg = model.state.get("yaml")
+    if not isinstance(cfg, dict) or "backbone" not in cfg:
+        raise UserError(f"{path}: the pickled model has no model YAML dict ('yaml'); cannot rebuild it")
+    names = model.state.get("names") or [f"class{i}" for i in range(int(cfg.get("nc", 0)))]
+    names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names]
+    tensors = {k: v.float() if v.is_floating_point() else v for k, v in module_tensors(model).items()}
+    return cfg, names, tensors, model.qualname
+
+
+def _layer_of(key: str) -> str:
+    match = re.match(r"model\.(\d+)\.", key)
+    return match.group(1) if match else ""
+
+
+def match_weights(expected: dict, foreign: dict, path) -> dict:
+    """Fill every key of ``expected`` ({name: tensor}) from ``foreign``: same name and shape first, then,
+    layer by layer, the remaining tensors in registration order when every shape agrees. A key left
+    unfilled, or a foreign tensor left unused, is a UserError."""
+    matched = {k: foreign[k] for k, v in expected.items() if k in foreign and foreign[k].shape == v.shape}
+    rest_expected = [k for k in expected if k not in matched]
+    rest_foreign = [k for k in foreign if k not in matched]
+    for layer in dict.fromkeys(_layer_of(k) for k in rest_expected):
+        ours = [k for k in rest_expected if _layer_of(k) == layer]
+        theirs = [k for k in rest_foreign if _layer_of(k) == layer]
+        if len(ours) == len(theirs) and all(expected[a].shape == foreign[b].shape for a, b in zip(ours, theirs)):
+            matched.update({a: foreign[b] for a, b in zip(ours, theirs)})
+            rest_foreign = [k for k in rest_foreign if k not in theirs]
+    missing = [k for k in expected if k not in matched]
+    if missing or rest_foreign:
+        raise UserError(f"{path}: weights do not map onto the rebuilt model (unfilled {missing[:3]}, "
+                        f"unused {rest_foreign[:3]}); the checkpoint's modules differ from this project's")
+    return matched
+
+
+def ffm_weight_spread(model) -> dict:
+    """{layer index: largest relative spread of FFM weights within one input} for FFM layers where it is
+    not 0. Only there does the authors' ``.view(N, H, W, C)`` weighting differ from this project's."""
+    spreads = {}
+    for layer in model.model:
+        if hasattr(layer, "channels") and hasattr(layer, "w"):
+            w = layer.w.detach()
+            parts = w.split(layer.channels)
+            spread = max(float((p.max() - p.min()) / p.abs().max().clamp(min=1e-12)) for p in parts)
+            if spread > 0:
+                spreads[int(layer.i)] = spread
+    return spreads
+
+
+def file_sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def convert(src, dst, model_class) -> dict:
+    """Convert ``src`` into a plain checkpoint at ``dst``; ``model_class`` builds a model from a YAML dict.
+    Returns the checkpoint written."""
+    if Path(dst).resolve() == Path(src).resolve():
+        raise UserError(f"{dst}: the destination must differ from the source checkpoint")
+    cfg, names, tensors, qualname = foreign_model(read_foreign_checkpoint(src), src)
+    cfg = {k: v for k, v in cfg.items() if k != "ch"}
+    model = model_class(cfg, nc=int(cfg["nc"]))
+    state = match_weights(model.state_dict(), tensors, src)
+    model.load_state_dict(state)
+    spreads = ffm_weight_spread(model)
+    if spreads:
+        LOGGER.warning(f"{src}: FFM layers {sorted(spreads)} have unequal weights within an input (largest "
+                       f"spread {max(spreads.values()):.3g}); this project applies them per channel, so outputs "
+                       "differ from the authors' code: fine-tune with train.py --weights (docs/export.md)")
+    ckpt = {"model_cfg": model.yaml, "nc": model.yaml["nc"], "names": names, "model": model.state_dict(),
+            "ema": None, "epoch": -1, "best_fitness": None,
+            "converted_from": {"file": str(src), "sha256": file_sha256(src), "class": qualname,
+                               "tensors": len(tensors), "ffm_unequal_layers": sorted(spreads)}}
+    save_checkpoint(ckpt, dst)
+    LOGGER.info(f"Converted {src} ({qualname}, {len(tensors)} tensors, {len(names)} classes) -> {dst}")
+    return ckpt
+
+
+def parse_opt(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", help="upstream YOLOv5 v6/v7 or FFCA-YOLO checkpoint (.pt)")
+    parser.add_argument("dst", help="plain checkpoint to write (.pt)")
+    return parser.parse_args(argv)
+
+
+@exit_on_user_error
+def main(argv=None):
+    """Command line: convert SRC to DST (builds the model with models.yolo, imported here on purpose)."""
+    from models.yolo import Model
+
+    opt = parse_opt(argv)
+    convert(opt.src, opt.dst, Model)
+
+
+if __name__ == "__main__":
+    main()
