@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from models.common import C3, Conv
 
@@ -32,6 +33,53 @@ def global_avg_pool(x: torch.Tensor) -> torch.Tensor:
 def global_max_pool(x: torch.Tensor) -> torch.Tensor:
     """``(N, C, H, W) -> (N, C)`` max over H, W (equals ``nn.AdaptiveMaxPool2d(1)``, deterministic backward)."""
     return x.amax(dim=(2, 3))
+
+
+def _shareable(convs: Sequence[Conv]) -> bool:
+    """Whether ``convs`` are bias-free 1x1 stride-1 Convs whose BatchNorms agree on mode and settings."""
+    first = convs[0].bn
+    for m in convs:
+        conv, bn = m.conv, m.bn
+        if (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups) != ((1, 1), (1, 1), (0, 0), (1, 1), 1):
+            return False
+        if conv.bias is not None or not isinstance(bn, nn.BatchNorm2d) or not bn.affine or not bn.track_running_stats:
+            return False
+        if bn.momentum is None or (bn.training, bn.eps, bn.momentum) != (first.training, first.eps, first.momentum):
+            return False
+    return True
+
+
+def _concatenated_batch_norm(bns: Sequence[nn.BatchNorm2d], y: torch.Tensor) -> torch.Tensor:
+    """``y`` (N, sum C_k, H, W) normalised channel block ``k`` by ``bns[k]``, in one call; each
+    BatchNorm's running statistics and batch counter are updated exactly as its own forward would."""
+    mean = torch.cat([bn.running_mean for bn in bns])
+    var = torch.cat([bn.running_var for bn in bns])
+    weight = torch.cat([bn.weight for bn in bns])
+    bias = torch.cat([bn.bias for bn in bns])
+    first = bns[0]
+    out = F.batch_norm(y, mean, var, weight, bias, first.training, first.momentum, first.eps)
+    if first.training:
+        sizes = [bn.num_features for bn in bns]
+        with torch.no_grad():
+            for bn, m, v in zip(bns, mean.split(sizes), var.split(sizes)):
+                bn.running_mean.copy_(m)
+                bn.running_var.copy_(v)
+                bn.num_batches_tracked.add_(1)
+    return out
+
+
+def shared_input_convs(convs: Sequence[Conv], x: torch.Tensor) -> list[torch.Tensor]:
+    """``[m(x) for m in convs]``; 1x1 Convs with BatchNorm run as one convolution and one BatchNorm.
+
+    One wide 1x1 convolution reads ``x`` once and, in backward, gives ``x`` one gradient instead of
+    a sum of ``len(convs)``; every output channel is the same dot product as in its own Conv.
+    Anything else (fused Convs, other kernels) runs module by module.
+    """
+    if not _shareable(convs):
+        return [m(x) for m in convs]
+    y = F.conv2d(x, torch.cat([m.conv.weight for m in convs]))
+    y = _concatenated_batch_norm([m.bn for m in convs], y)
+    return [m.act(part) for m, part in zip(convs, y.split([m.conv.out_channels for m in convs], 1))]
 
 
 class FEM(nn.Module):
@@ -68,11 +116,13 @@ class FEM(nn.Module):
         )
         self.project = Conv(6 * i, c2, 1, act=False)
         self.shortcut = Conv(c1, c2, 1, act=False)
-        self.act = nn.ReLU()
+        self.act = nn.ReLU(inplace=True)  # on the sum FEM itself made
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        branches = torch.cat((self.branch_a(x), self.branch_b(x), self.branch_c(x)), 1)
-        return self.act(self.scale * self.project(branches) + self.shortcut(x))
+        heads = (self.branch_a[0], self.branch_b[0], self.branch_c[0], self.shortcut)
+        a, b, c, shortcut = shared_input_convs(heads, x)
+        branches = torch.cat((self.branch_a[1:](a), self.branch_b[1:](b), self.branch_c[1:](c)), 1)
+        return self.act(torch.add(shortcut, self.project(branches), alpha=self.scale))
 
 
 class _WeightedConcat(nn.Module):
@@ -140,10 +190,12 @@ class SCAM(nn.Module):
         key = self.key(x).view(n, h * w, 1).softmax(1)
         value = self.value(x).view(n, c, h * w)
         context = torch.bmm(value, key).view(n, c, 1, 1)
-        avg = global_avg_pool(x).softmax(1).view(n, 1, c)
-        mx = global_max_pool(x).softmax(1).view(n, 1, c)
-        maps = torch.cat((torch.bmm(avg, value), torch.bmm(mx, value)), 1).view(n, 2, h, w)
-        return x + self.context_proj(context) * self.gate(maps).sigmoid()
+        # Both descriptors query the value map in one (n, 2, c) @ (n, c, hw) product: one pass over it.
+        queries = torch.stack((global_avg_pool(x).softmax(1), global_max_pool(x).softmax(1)), 1)
+        maps = torch.bmm(queries, value).view(n, 2, h, w)
+        gate = self.gate(maps).sigmoid().view(n, 1, h * w)
+        # x + context (n, c, 1) times gate (n, 1, hw): an outer product added to x in one kernel.
+        return torch.baddbmm(x.reshape(n, c, h * w), self.context_proj(context).view(n, c, 1), gate).view(n, c, h, w)
 
 
 class DropPath(nn.Module):
