@@ -208,9 +208,18 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
+        return x * self._sample_scale(x)
+
+    def _sample_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, 1, ..., 1)``: per sample 0 (dropped) or ``1 / keep``."""
         keep = 1.0 - self.p
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
-        return x * mask / keep
+        return x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep) / keep
+
+    def residual(self, shortcut: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``shortcut + self(x)`` in one kernel (addcmul) instead of three while training."""
+        if not self.training or self.p == 0.0:
+            return shortcut + x
+        return torch.addcmul(shortcut, x, self._sample_scale(x))
 
 
 class FasterBlock(nn.Module):
@@ -232,7 +241,7 @@ class FasterBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mixed, rest = x.split([self.c_partial, x.shape[1] - self.c_partial], 1)
         mixed = torch.cat((self.partial_conv(mixed), rest), 1)
-        return x + self.drop_path(self.mlp(mixed))
+        return self.drop_path.residual(x, self.mlp(mixed))
 
 
 class C3_Faster(C3):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)
@@ -242,3 +251,7 @@ class C3_Faster(C3):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)
     @staticmethod
     def _blocks(c_: int, n: int, shortcut: bool, g: int) -> nn.Sequential:
         return nn.Sequential(*(FasterBlock(c_) for _ in range(n)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner, bypass = shared_input_convs((self.cv1, self.cv2), x)
+        return self.cv3(torch.cat((self.m(inner), bypass), 1))
