@@ -187,8 +187,9 @@ class SCAM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
-        key = self.key(x).view(n, h * w, 1).softmax(1)
-        value = self.value(x).view(n, c, h * w)
+        key, value = shared_input_convs((self.key, self.value), x)
+        key = key.reshape(n, h * w, 1).softmax(1)
+        value = value.reshape(n, c, h * w)
         context = torch.bmm(value, key).view(n, c, 1, 1)
         # Both descriptors query the value map in one (n, 2, c) @ (n, c, hw) product: one pass over it.
         queries = torch.stack((global_avg_pool(x).softmax(1), global_max_pool(x).softmax(1)), 1)
