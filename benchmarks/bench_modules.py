@@ -3,6 +3,7 @@
     python benchmarks/bench_modules.py                                  # ffca-yolo-n, ffca-yolo at 160 px
     python benchmarks/bench_modules.py --imgsz 256 --repeats 15
     python benchmarks/bench_modules.py --baseline 57ecaac               # A/B against models/ffca.py at a commit
+    python benchmarks/bench_modules.py --whole --baseline 57ecaac       # whole models, same A/B
 
 Every FFCA layer of each model is timed on the input shape it gets at ``--imgsz`` (batch
 ``--batch-size``), in training mode, one forward and one backward with a fixed upstream gradient.
@@ -70,6 +71,18 @@ def ffca_layers(cfg: str, imgsz: int) -> list[tuple[str, torch.nn.Module, list[t
     for h in hooks:
         h.remove()
     return [(f"{cfg}[{i}] {type(model.model[i]).__name__}", model.model[i].train(), shapes[i]) for i in sorted(shapes)]
+
+
+class WholeModel(torch.nn.Module):
+    """A detection model whose training outputs (one tensor per level) are flattened and joined,
+    so that the model times like a single layer."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([level.flatten(1) for level in self.model(x)], 1)
 
 
 def make_inputs(shapes, batch: int) -> list[torch.Tensor]:
@@ -148,6 +161,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", nargs="+", choices=MODULE_TYPES, help="time only these module types")
     p.add_argument("--baseline", help="git revision whose models/ffca.py to compare against")
+    p.add_argument("--whole", action="store_true", help="time each whole model instead of its FFCA layers")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     baseline = load_baseline(args.baseline) if args.baseline else None
@@ -156,6 +170,12 @@ def main():
         header += f" {'base ms':>9} {'speedup':>8} {'err':>9} {'base err':>9}"
     print(f"forward+backward, batch {args.batch_size}, {args.imgsz} px, {args.threads} thread(s), "
           f"median of {args.repeats}\n{header}")
+    if args.whole:
+        for cfg in args.models:
+            model = Model(ROOT / "models" / f"{cfg}.yaml").train()
+            print(bench_layer(f"{cfg} (whole model)", WholeModel(model), [(1, 3, args.imgsz, args.imgsz)], args,
+                              baseline), flush=True)
+        return
     seen = set()
     for cfg in args.models:
         for label, layer, shapes in ffca_layers(cfg, args.imgsz):
