@@ -85,9 +85,9 @@ class WholeModel(torch.nn.Module):
         return torch.cat([level.flatten(1) for level in self.model(x)], 1)
 
 
-def make_inputs(shapes, batch: int) -> list[torch.Tensor]:
-    """Random inputs ``(batch, C, H, W)`` that require grad."""
-    return [torch.randn((batch,) + s[1:], requires_grad=True) for s in shapes]
+def make_inputs(shapes, batch: int, memory_format=torch.contiguous_format) -> list[torch.Tensor]:
+    """Random inputs ``(batch, C, H, W)`` in ``memory_format`` that require grad."""
+    return [torch.randn((batch,) + s[1:]).contiguous(memory_format=memory_format).requires_grad_() for s in shapes]
 
 
 def step(layer, inputs, grad_out) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -126,13 +126,15 @@ def timed(layer, inputs, grad_out) -> float:
 def bench_layer(label, layer, shapes, args, baseline) -> str:
     """One table row: median ms (and the baseline's, its ratio and the largest relative difference)."""
     torch.manual_seed(0)
-    inputs = make_inputs(shapes, args.batch_size)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    inputs = make_inputs(shapes, args.batch_size, memory_format)
+    layer = layer.to(memory_format=memory_format)
     layers = {"current": layer}
     if baseline is not None:
         layers["baseline"] = as_baseline(layer, baseline)
     with torch.no_grad():
         probe = layer(inputs if len(inputs) > 1 else inputs[0])
-    grad_out = torch.randn_like(probe)
+    grad_out = torch.randn_like(probe)  # same memory format as the output
     results = {name: step(m, inputs, grad_out) for name, m in layers.items()}
     times = {name: [] for name in layers}
     names = list(layers)
@@ -161,6 +163,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", nargs="+", choices=MODULE_TYPES, help="time only these module types")
     p.add_argument("--baseline", help="git revision whose models/ffca.py to compare against")
+    p.add_argument("--channels-last", action="store_true", help="inputs and weights in channels-last memory format")
     p.add_argument("--whole", action="store_true", help="time each whole model instead of its FFCA layers")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -169,7 +172,7 @@ def main():
     if baseline is not None:
         header += f" {'base ms':>9} {'speedup':>8} {'err':>9} {'base err':>9}"
     print(f"forward+backward, batch {args.batch_size}, {args.imgsz} px, {args.threads} thread(s), "
-          f"median of {args.repeats}\n{header}")
+          f"median of {args.repeats}{', channels-last' if args.channels_last else ''}\n{header}")
     if args.whole:
         for cfg in args.models:
             model = Model(ROOT / "models" / f"{cfg}.yaml").train()
