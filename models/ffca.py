@@ -12,6 +12,13 @@ differences from the widely copied implementation:
   the parameters and their count are unchanged;
 * SCAM's global pools use ``mean``/``amax`` over H, W, whose CUDA backward is deterministic,
   instead of ``nn.AdaptiveMaxPool2d``, which breaks ``torch.use_deterministic_algorithms(True)``.
+
+Faster forward + backward with the same maths (same parameters and names; equal to the
+module-by-module formula within float rounding, tests/test_models.py; measured with
+benchmarks/bench_modules.py): 1x1 Convs that read the same input (FEM's three branch heads and
+shortcut, SCAM's key and value, C3_Faster's cv1 and cv2) run as one convolution and one BatchNorm
+while training (:func:`shared_input_convs`); SCAM queries its value map once for both descriptors and adds the
+gated context with ``baddbmm``; FasterBlock adds DropPath's output to the residual with ``addcmul``.
 """
 
 from __future__ import annotations
@@ -36,8 +43,14 @@ def global_max_pool(x: torch.Tensor) -> torch.Tensor:
 
 
 def _shareable(convs: Sequence[Conv]) -> bool:
-    """Whether ``convs`` are bias-free 1x1 stride-1 Convs whose BatchNorms agree on mode and settings."""
+    """Whether ``convs`` are bias-free 1x1 stride-1 Convs whose BatchNorms train with equal settings.
+
+    Training only: in eval mode every Conv runs as its own module, so per-module hooks (thop's FLOP
+    count, layer profilers) see each convolution.
+    """
     first = convs[0].bn
+    if not isinstance(first, nn.BatchNorm2d) or not first.training:
+        return False
     for m in convs:
         conv, bn = m.conv, m.bn
         if (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups) != ((1, 1), (1, 1), (0, 0), (1, 1), 1):
@@ -50,30 +63,29 @@ def _shareable(convs: Sequence[Conv]) -> bool:
 
 
 def _concatenated_batch_norm(bns: Sequence[nn.BatchNorm2d], y: torch.Tensor) -> torch.Tensor:
-    """``y`` (N, sum C_k, H, W) normalised channel block ``k`` by ``bns[k]``, in one call; each
-    BatchNorm's running statistics and batch counter are updated exactly as its own forward would."""
+    """``y`` (N, sum C_k, H, W) normalised (training mode) channel block ``k`` by ``bns[k]``, in one
+    call; each BatchNorm's running statistics and batch counter are updated as its own forward would."""
     mean = torch.cat([bn.running_mean for bn in bns])
     var = torch.cat([bn.running_var for bn in bns])
     weight = torch.cat([bn.weight for bn in bns])
     bias = torch.cat([bn.bias for bn in bns])
     first = bns[0]
-    out = F.batch_norm(y, mean, var, weight, bias, first.training, first.momentum, first.eps)
-    if first.training:
-        sizes = [bn.num_features for bn in bns]
-        with torch.no_grad():
-            for bn, m, v in zip(bns, mean.split(sizes), var.split(sizes)):
-                bn.running_mean.copy_(m)
-                bn.running_var.copy_(v)
-                bn.num_batches_tracked.add_(1)
+    out = F.batch_norm(y, mean, var, weight, bias, True, first.momentum, first.eps)
+    sizes = [bn.num_features for bn in bns]
+    with torch.no_grad():
+        for bn, m, v in zip(bns, mean.split(sizes), var.split(sizes)):
+            bn.running_mean.copy_(m)
+            bn.running_var.copy_(v)
+            bn.num_batches_tracked.add_(1)
     return out
 
 
 def shared_input_convs(convs: Sequence[Conv], x: torch.Tensor) -> list[torch.Tensor]:
-    """``[m(x) for m in convs]``; 1x1 Convs with BatchNorm run as one convolution and one BatchNorm.
+    """``[m(x) for m in convs]``; training 1x1 Convs with BatchNorm run as one convolution and one BatchNorm.
 
     One wide 1x1 convolution reads ``x`` once and, in backward, gives ``x`` one gradient instead of
     a sum of ``len(convs)``; every output channel is the same dot product as in its own Conv.
-    Anything else (fused Convs, other kernels) runs module by module.
+    Anything else (eval mode, fused Convs, other kernels) runs module by module.
     """
     if not _shareable(convs):
         return [m(x) for m in convs]
@@ -209,18 +221,18 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return x * self._sample_scale(x)
+        return x * self._sample_mask(x) / (1.0 - self.p)
 
-    def _sample_scale(self, x: torch.Tensor) -> torch.Tensor:
-        """``(N, 1, ..., 1)``: per sample 0 (dropped) or ``1 / keep``."""
-        keep = 1.0 - self.p
-        return x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep) / keep
+    def _sample_mask(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, 1, ..., 1)``: per sample 1 (kept, probability ``1 - p``) or 0 (dropped)."""
+        return x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1.0 - self.p)
 
     def residual(self, shortcut: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``shortcut + self(x)`` in one kernel (addcmul) instead of three while training."""
+        """``shortcut + self(x)``; while training one addcmul instead of three kernels (the
+        ``mask / keep`` factor is rounded once, so this equals the sum within float rounding)."""
         if not self.training or self.p == 0.0:
             return shortcut + x
-        return torch.addcmul(shortcut, x, self._sample_scale(x))
+        return torch.addcmul(shortcut, x, self._sample_mask(x) / (1.0 - self.p))
 
 
 class FasterBlock(nn.Module):
