@@ -5,7 +5,7 @@ images at batch 16 (8 batches per epoch) that is 100 iterations = 12.5 epochs, n
 trains each model twice, once as train.py does and once with the floor removed (3 epochs = 24
 iterations; train.py itself is not changed: the run's loop is adjusted before its first epoch),
 runs interleaved (model A, model B, then the same without the floor), and prints the first epoch
-with a non-zero mAP50 and the final mAP50 / mAP50-95 of each.
+with a non-zero mAP50, the first with mAP50 >= 0.01 and the final mAP50 / mAP50-95 of each.
 
     python benchmarks/warmup_study.py --out runs/warmup-study               # yolov5n, ffca-yolo-n, 12 epochs
     python benchmarks/warmup_study.py --models yolov5n-p2 ffca-yolo-n --epochs 20
@@ -28,6 +28,8 @@ import train  # noqa: E402
 from benchmarks.accuracy import first_nonzero_epoch  # noqa: E402
 from benchmarks.accuracy_variants import MODELS  # noqa: E402
 from make_tiny_shapes import make_tiny_shapes  # noqa: E402
+
+USEFUL_MAP50 = 0.01  # a non-zero mAP50 of ~1e-5 is a lucky box, not a detector
 
 
 @contextmanager
@@ -76,11 +78,13 @@ def main(argv=None) -> None:
                           exist_ok=True, noplots=True)
             results = opt.out / "runs" / name / "results.csv"
             per_epoch = mAP_per_epoch(results)
-            rows.append((name, first_nonzero_epoch(results), per_epoch[-1], time.perf_counter() - t0))
-            print(f"{name}: mAP50 per epoch {[round(m, 4) for m, _ in per_epoch]}", flush=True)
-    print("| run | first epoch mAP50 > 0 | final mAP50 | final mAP50-95 | wall s |\n|---|---|---|---|---|")
-    for name, first, (m50, m), seconds in rows:
-        print(f"| {name} | {first or '-'} | {m50:.4f} | {m:.4f} | {seconds:.0f} |")
+            useful = next((i + 1 for i, (m50, _) in enumerate(per_epoch) if m50 >= USEFUL_MAP50), None)
+            rows.append((name, first_nonzero_epoch(results), useful, per_epoch[-1], time.perf_counter() - t0))
+            print(f"{name}: mAP50 per epoch {' '.join(f'{m:.1e}' for m, _ in per_epoch)}", flush=True)
+    print(f"| run | first epoch mAP50 > 0 | first epoch mAP50 >= {USEFUL_MAP50} | final mAP50 | final mAP50-95 | wall s |\n"
+          "|---|---|---|---|---|---|")
+    for name, first, useful, (m50, m), seconds in rows:
+        print(f"| {name} | {first or '-'} | {useful or '-'} | {m50:.2e} | {m:.2e} | {seconds:.0f} |")
 
 
 @contextmanager
