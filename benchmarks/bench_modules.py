@@ -4,6 +4,7 @@
     python benchmarks/bench_modules.py --imgsz 256 --repeats 15
     python benchmarks/bench_modules.py --baseline 57ecaac               # A/B against models/ffca.py at a commit
     python benchmarks/bench_modules.py --whole --baseline 57ecaac       # whole models, same A/B
+    python benchmarks/bench_modules.py --whole --nc 4 --models ffca-yolo-n benchmarks/models/yolov5n-p2.yaml
 
 Every FFCA layer of each model is timed on the input shape it gets at ``--imgsz`` (batch
 ``--batch-size``), in training mode, one forward and one backward with a fixed upstream gradient.
@@ -58,9 +59,14 @@ def as_baseline(layer: torch.nn.Module, baseline) -> torch.nn.Module:
     return copy
 
 
+def model_yaml(cfg: str) -> Path:
+    """``models/<cfg>.yaml`` for a model name, or ``cfg`` itself when it is a YAML path."""
+    return Path(cfg) if cfg.endswith((".yaml", ".yml")) else ROOT / "models" / f"{cfg}.yaml"
+
+
 def ffca_layers(cfg: str, imgsz: int) -> list[tuple[str, torch.nn.Module, list[tuple[int, ...]]]]:
     """``(label, layer, input shapes at batch 1)`` for every FFCA layer of ``cfg`` at ``imgsz``."""
-    model = Model(ROOT / "models" / f"{cfg}.yaml").eval()
+    model = Model(model_yaml(cfg)).eval()
     shapes = {}
     hooks = [layer.register_forward_pre_hook(
         lambda m, args, i=layer.i: shapes.__setitem__(i, [tuple(t.shape) for t in
@@ -155,7 +161,8 @@ def bench_layer(label, layer, shapes, args, baseline) -> str:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["ffca-yolo-n", "ffca-yolo"],
-                   help="model names in models/ (l-ffca-yolo has the C3_Faster layers)")
+                   help="model names in models/ or YAML paths (l-ffca-yolo has the C3_Faster layers)")
+    p.add_argument("--nc", type=int, default=None, help="classes for --whole (default: the YAML's)")
     p.add_argument("--imgsz", type=int, default=160)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=7, help="timed steps per implementation (median reported)")
@@ -175,7 +182,7 @@ def main():
           f"median of {args.repeats}{', channels-last' if args.channels_last else ''}\n{header}")
     if args.whole:
         for cfg in args.models:
-            model = Model(ROOT / "models" / f"{cfg}.yaml").train()
+            model = Model(model_yaml(cfg), nc=args.nc).train()
             print(bench_layer(f"{cfg} (whole model)", WholeModel(model), [(1, 3, args.imgsz, args.imgsz)], args,
                               baseline), flush=True)
         return
