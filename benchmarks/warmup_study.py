@@ -17,7 +17,7 @@ import argparse
 import csv
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,8 @@ def warmup_without_floor():
     announce = train.TrainLoop.announce
 
     def announce_without_floor(loop):
-        loop.n_warmup = round(loop.hyp["warmup_epochs"] * len(loop.ctx.train_loader)) if loop.hyp["warmup_epochs"] > 0 else 0
+        epochs = loop.hyp["warmup_epochs"]
+        loop.n_warmup = round(epochs * len(loop.ctx.train_loader)) if epochs > 0 else 0
         announce(loop)
 
     train.TrainLoop.announce = announce_without_floor
@@ -72,7 +73,7 @@ def main(argv=None) -> None:
         for model in opt.models:
             name = f"{model}-{'floor' if floor else 'nofloor'}"
             t0 = time.perf_counter()
-            with (warmup_without_floor() if not floor else _nothing()):
+            with nullcontext() if floor else warmup_without_floor():
                 train.run(data=str(data), cfg=str(MODELS[model]), weights="", imgsz=opt.imgsz, epochs=opt.epochs,
                           batch_size=opt.batch_size, workers=0, seed=0, project=str(opt.out / "runs"), name=name,
                           exist_ok=True, noplots=True)
@@ -81,15 +82,11 @@ def main(argv=None) -> None:
             useful = next((i + 1 for i, (m50, _) in enumerate(per_epoch) if m50 >= USEFUL_MAP50), None)
             rows.append((name, first_nonzero_epoch(results), useful, per_epoch[-1], time.perf_counter() - t0))
             print(f"{name}: mAP50 per epoch {' '.join(f'{m:.1e}' for m, _ in per_epoch)}", flush=True)
-    print(f"| run | first epoch mAP50 > 0 | first epoch mAP50 >= {USEFUL_MAP50} | final mAP50 | final mAP50-95 | wall s |\n"
+    print(f"| run | first epoch mAP50 > 0 | first epoch mAP50 >= {USEFUL_MAP50} | final mAP50 | final mAP50-95 "
+          "| wall s |\n"
           "|---|---|---|---|---|---|")
     for name, first, useful, (m50, m), seconds in rows:
         print(f"| {name} | {first or '-'} | {useful or '-'} | {m50:.2e} | {m:.2e} | {seconds:.0f} |")
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def _shareable(convs: Sequence[Conv]) -> bool:
         return False
     for m in convs:
         conv, bn = m.conv, m.bn
-        if (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups) != ((1, 1), (1, 1), (0, 0), (1, 1), 1):
+        geometry = (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups)
+        if geometry != ((1, 1), (1, 1), (0, 0), (1, 1), 1):
             return False
         if conv.bias is not None or not isinstance(bn, nn.BatchNorm2d) or not bn.affine or not bn.track_running_stats:
             return False

@@ -857,7 +857,8 @@ def ffca_module_steps(device: str) -> list[torch.Tensor]:
     """Output and input gradient of FEM, SCAM and C3_Faster (training mode) on ``device``."""
     torch.manual_seed(0)
     results = []
-    for module, shape in ((FEM(32, 32), (4, 32, 12, 12)), (SCAM(16), (4, 16, 10, 10)), (C3_Faster(16, 16), (4, 16, 8, 8))):
+    cases = ((FEM(32, 32), (4, 32, 12, 12)), (SCAM(16), (4, 16, 10, 10)), (C3_Faster(16, 16), (4, 16, 8, 8)))
+    for module, shape in cases:
         module = module.to(device).train()
         x = torch.randn(shape, device=device, requires_grad=True)
         module(x).square().sum().backward()
