@@ -12,6 +12,13 @@ differences from the widely copied implementation:
   the parameters and their count are unchanged;
 * SCAM's global pools use ``mean``/``amax`` over H, W, whose CUDA backward is deterministic,
   instead of ``nn.AdaptiveMaxPool2d``, which breaks ``torch.use_deterministic_algorithms(True)``.
+
+Faster forward + backward with the same maths (same parameters and names; equal to the
+module-by-module formula within float rounding, tests/test_models.py; measured with
+benchmarks/bench_modules.py): 1x1 Convs that read the same input (FEM's three branch heads and
+shortcut, SCAM's key and value, C3_Faster's cv1 and cv2) run as one convolution and one BatchNorm
+while training (:func:`shared_input_convs`); SCAM queries its value map once for both descriptors and adds the
+gated context with ``baddbmm``; FasterBlock adds DropPath's output to the residual with ``addcmul``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from models.common import C3, Conv
 
@@ -32,6 +40,59 @@ def global_avg_pool(x: torch.Tensor) -> torch.Tensor:
 def global_max_pool(x: torch.Tensor) -> torch.Tensor:
     """``(N, C, H, W) -> (N, C)`` max over H, W (equals ``nn.AdaptiveMaxPool2d(1)``, deterministic backward)."""
     return x.amax(dim=(2, 3))
+
+
+def _shareable(convs: Sequence[Conv]) -> bool:
+    """Whether ``convs`` are bias-free 1x1 stride-1 Convs whose BatchNorms train with equal settings.
+
+    Training only: in eval mode every Conv runs as its own module, so per-module hooks (thop's FLOP
+    count, layer profilers) see each convolution.
+    """
+    first = convs[0].bn
+    if not isinstance(first, nn.BatchNorm2d) or not first.training:
+        return False
+    for m in convs:
+        conv, bn = m.conv, m.bn
+        geometry = (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups)
+        if geometry != ((1, 1), (1, 1), (0, 0), (1, 1), 1):
+            return False
+        if conv.bias is not None or not isinstance(bn, nn.BatchNorm2d) or not bn.affine or not bn.track_running_stats:
+            return False
+        if bn.momentum is None or (bn.training, bn.eps, bn.momentum) != (first.training, first.eps, first.momentum):
+            return False
+    return True
+
+
+def _concatenated_batch_norm(bns: Sequence[nn.BatchNorm2d], y: torch.Tensor) -> torch.Tensor:
+    """``y`` (N, sum C_k, H, W) normalised (training mode) channel block ``k`` by ``bns[k]``, in one
+    call; each BatchNorm's running statistics and batch counter are updated as its own forward would."""
+    mean = torch.cat([bn.running_mean for bn in bns])
+    var = torch.cat([bn.running_var for bn in bns])
+    weight = torch.cat([bn.weight for bn in bns])
+    bias = torch.cat([bn.bias for bn in bns])
+    first = bns[0]
+    out = F.batch_norm(y, mean, var, weight, bias, True, first.momentum, first.eps)
+    sizes = [bn.num_features for bn in bns]
+    with torch.no_grad():
+        for bn, m, v in zip(bns, mean.split(sizes), var.split(sizes)):
+            bn.running_mean.copy_(m)
+            bn.running_var.copy_(v)
+            bn.num_batches_tracked.add_(1)
+    return out
+
+
+def shared_input_convs(convs: Sequence[Conv], x: torch.Tensor) -> list[torch.Tensor]:
+    """``[m(x) for m in convs]``; training 1x1 Convs with BatchNorm run as one convolution and one BatchNorm.
+
+    One wide 1x1 convolution reads ``x`` once and, in backward, gives ``x`` one gradient instead of
+    a sum of ``len(convs)``; every output channel is the same dot product as in its own Conv.
+    Anything else (eval mode, fused Convs, other kernels) runs module by module.
+    """
+    if not _shareable(convs):
+        return [m(x) for m in convs]
+    y = F.conv2d(x, torch.cat([m.conv.weight for m in convs]))
+    y = _concatenated_batch_norm([m.bn for m in convs], y)
+    return [m.act(part) for m, part in zip(convs, y.split([m.conv.out_channels for m in convs], 1))]
 
 
 class FEM(nn.Module):
@@ -68,11 +129,13 @@ class FEM(nn.Module):
         )
         self.project = Conv(6 * i, c2, 1, act=False)
         self.shortcut = Conv(c1, c2, 1, act=False)
-        self.act = nn.ReLU()
+        self.act = nn.ReLU(inplace=True)  # on the sum FEM itself made
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        branches = torch.cat((self.branch_a(x), self.branch_b(x), self.branch_c(x)), 1)
-        return self.act(self.scale * self.project(branches) + self.shortcut(x))
+        heads = (self.branch_a[0], self.branch_b[0], self.branch_c[0], self.shortcut)
+        a, b, c, shortcut = shared_input_convs(heads, x)
+        branches = torch.cat((self.branch_a[1:](a), self.branch_b[1:](b), self.branch_c[1:](c)), 1)
+        return self.act(torch.add(shortcut, self.project(branches), alpha=self.scale))
 
 
 class _WeightedConcat(nn.Module):
@@ -137,13 +200,16 @@ class SCAM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
-        key = self.key(x).view(n, h * w, 1).softmax(1)
-        value = self.value(x).view(n, c, h * w)
+        key, value = shared_input_convs((self.key, self.value), x)
+        key = key.reshape(n, h * w, 1).softmax(1)
+        value = value.reshape(n, c, h * w)
         context = torch.bmm(value, key).view(n, c, 1, 1)
-        avg = global_avg_pool(x).softmax(1).view(n, 1, c)
-        mx = global_max_pool(x).softmax(1).view(n, 1, c)
-        maps = torch.cat((torch.bmm(avg, value), torch.bmm(mx, value)), 1).view(n, 2, h, w)
-        return x + self.context_proj(context) * self.gate(maps).sigmoid()
+        # Both descriptors query the value map in one (n, 2, c) @ (n, c, hw) product: one pass over it.
+        queries = torch.stack((global_avg_pool(x).softmax(1), global_max_pool(x).softmax(1)), 1)
+        maps = torch.bmm(queries, value).view(n, 2, h, w)
+        gate = self.gate(maps).sigmoid().view(n, 1, h * w)
+        # x + context (n, c, 1) times gate (n, 1, hw): an outer product added to x in one kernel.
+        return torch.baddbmm(x.reshape(n, c, h * w), self.context_proj(context).view(n, c, 1), gate).view(n, c, h, w)
 
 
 class DropPath(nn.Module):
@@ -156,9 +222,18 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = 1.0 - self.p
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
-        return x * mask / keep
+        return x * self._sample_mask(x) / (1.0 - self.p)
+
+    def _sample_mask(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, 1, ..., 1)``: per sample 1 (kept, probability ``1 - p``) or 0 (dropped)."""
+        return x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1.0 - self.p)
+
+    def residual(self, shortcut: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``shortcut + self(x)``; while training one addcmul instead of three kernels (the
+        ``mask / keep`` factor is rounded once, so this equals the sum within float rounding)."""
+        if not self.training or self.p == 0.0:
+            return shortcut + x
+        return torch.addcmul(shortcut, x, self._sample_mask(x) / (1.0 - self.p))
 
 
 class FasterBlock(nn.Module):
@@ -180,7 +255,7 @@ class FasterBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mixed, rest = x.split([self.c_partial, x.shape[1] - self.c_partial], 1)
         mixed = torch.cat((self.partial_conv(mixed), rest), 1)
-        return x + self.drop_path(self.mlp(mixed))
+        return self.drop_path.residual(x, self.mlp(mixed))
 
 
 class C3_Faster(C3):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)
@@ -190,3 +265,7 @@ class C3_Faster(C3):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)
     @staticmethod
     def _blocks(c_: int, n: int, shortcut: bool, g: int) -> nn.Sequential:
         return nn.Sequential(*(FasterBlock(c_) for _ in range(n)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner, bypass = shared_input_convs((self.cv1, self.cv2), x)
+        return self.cv3(torch.cat((self.m(inner), bypass), 1))

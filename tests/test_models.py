@@ -15,7 +15,8 @@ import yaml
 from torch import nn
 
 from models.common import C3, Conv, fuse_conv_and_bn
-from models.ffca import FEM, SCAM, C3_Faster, FasterBlock, FFM_Concat2, FFM_Concat3, global_avg_pool, global_max_pool
+from models.ffca import (FEM, SCAM, C3_Faster, DropPath, FasterBlock, FFM_Concat2, FFM_Concat3, _shareable,
+                         global_avg_pool, global_max_pool, shared_input_convs)
 from models.yolo import (Detect, DetectionModel, Model, check_anchor_order, parse_model, register_module,
                          layer_table, resolve_arg)
 from models.yolo import main as yolo_main
@@ -699,3 +700,184 @@ def test_conv_autopad_keeps_size_for_tuple_and_dilated_kernels():
     assert Conv(4, 6, (1, 3))(x).shape == (1, 6, 11, 13)
     assert Conv(4, 6, 3, d=5)(x).shape == (1, 6, 11, 13)
     assert Conv(4, 6, 3, 2)(x).shape == (1, 6, 6, 7)
+
+
+# ------------------------------------------------ FFCA fast paths keep the module-by-module maths
+def reference_fem(fem: FEM, x: torch.Tensor) -> torch.Tensor:
+    """FEM as written before its four 1x1 input convs were merged: every Conv module by module."""
+    branches = torch.cat((fem.branch_a(x), fem.branch_b(x), fem.branch_c(x)), 1)
+    return torch.relu(fem.scale * fem.project(branches) + fem.shortcut(x))
+
+
+def reference_c3_faster(c3f: C3_Faster, x: torch.Tensor) -> torch.Tensor:
+    """C3_Faster as written before its cv1/cv2 were merged and DropPath joined the residual add."""
+    y = c3f.cv1(x)
+    for block in c3f.m:
+        mixed, rest = y.split([block.c_partial, y.shape[1] - block.c_partial], 1)
+        y = y + block.drop_path(block.mlp(torch.cat((block.partial_conv(mixed), rest), 1)))
+    return c3f.cv3(torch.cat((y, c3f.cv2(x)), 1))
+
+
+def forward_backward(fn, module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Seeded forward + backward of ``fn(module, x)``: output, input and parameter gradients, buffers."""
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # DropPath draws the same masks in both runs
+    out = fn(module, x)
+    out.backward(grad)
+    result = {"out": out.detach(), "x.grad": x.grad}
+    result.update({f"{k}.grad": p.grad if p.grad is not None else torch.zeros_like(p)
+                   for k, p in module.named_parameters()})
+    result.update(dict(module.named_buffers()))
+    return result
+
+
+FAST_PATH_CASES = [
+    (lambda: FEM(32, 24), reference_fem, (3, 32, 11, 9)),
+    (lambda: SCAM(12), reference_scam, (3, 12, 7, 10)),
+    (lambda: C3_Faster(16, 24, n=2), reference_c3_faster, (8, 16, 6, 5)),
+]
+
+
+@pytest.mark.parametrize("make, reference, shape", FAST_PATH_CASES)
+def test_ffca_fast_paths_equal_module_by_module_maths_in_float64(make, reference, shape):
+    """Outputs, input and parameter gradients and updated BatchNorm statistics agree to float64
+    rounding with the module-by-module formula, in training and in eval mode."""
+    torch.manual_seed(0)
+    module = make().double()
+    randomise_bn(module)
+    x = torch.randn(shape, dtype=torch.float64)
+    for train in (True, False):
+        fast, slow = deepcopy(module).train(train), deepcopy(module).train(train)
+        with torch.no_grad():
+            grad = torch.randn_like(deepcopy(module)(x))
+        got = forward_backward(lambda m, t: m(t), fast, x, grad)
+        want = forward_backward(reference, slow, x, grad)
+        assert got.keys() == want.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
+        if train:  # BatchNorm running statistics really moved
+            assert not torch.equal(got["out"], fast.eval()(x).detach())
+
+
+@pytest.mark.parametrize("make, reference, shape", FAST_PATH_CASES)
+def test_ffca_fast_paths_equal_module_by_module_within_float32_rounding(make, reference, shape):
+    torch.manual_seed(0)
+    module = make()
+    randomise_bn(module)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        grad = torch.randn_like(deepcopy(module)(x))
+    got = forward_backward(lambda m, t: m(t), deepcopy(module), x, grad)
+    want = forward_backward(reference, deepcopy(module), x, grad)
+    for name in ("out", "x.grad"):
+        scale = want[name].abs().max()
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6 * scale, msg=name)
+
+
+def test_shared_input_convs_fall_back_module_by_module_when_not_mergeable():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 5, 5)
+    plain = [Conv(8, 4, 1, act=nn.ReLU()), Conv(8, 6, 1)]
+    cases = {
+        "3x3 kernel": [Conv(8, 4, 1), Conv(8, 6, 3)],
+        "fused BatchNorm": deepcopy(plain),
+        "mixed train/eval": deepcopy(plain),
+        "different eps": deepcopy(plain),
+        "eval mode": deepcopy(plain),
+    }
+    for conv in cases["eval mode"]:
+        conv.eval()
+    for conv in cases["fused BatchNorm"]:
+        conv.fuse()
+    cases["mixed train/eval"][1].bn.eval()
+    cases["different eps"][1].bn.eps = 1e-5
+    for name, convs in cases.items():
+        expected = [m(x) for m in deepcopy(convs)]
+        assert not _shareable(convs), name
+        for got, want in zip(shared_input_convs(convs, x), expected):
+            assert torch.equal(got, want), name
+    assert _shareable(plain)
+
+
+def test_shared_input_convs_update_batchnorm_statistics_like_each_conv():
+    torch.manual_seed(0)
+    convs = [Conv(8, 4, 1, act=nn.ReLU()), Conv(8, 1, 1), Conv(8, 6, 1, act=False)]
+    randomise_bn(nn.ModuleList(convs))
+    separate = deepcopy(convs)
+    x = torch.randn(4, 8, 6, 7, dtype=torch.float64)
+    for m in convs + separate:
+        m.double()
+    outs = shared_input_convs(convs, x)
+    for out, merged, alone in zip(outs, convs, separate):
+        torch.testing.assert_close(out, alone(x), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(merged.bn.running_mean, alone.bn.running_mean, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(merged.bn.running_var, alone.bn.running_var, rtol=1e-12, atol=1e-14)
+        assert merged.bn.num_batches_tracked.item() == alone.bn.num_batches_tracked.item() == 1
+
+
+def test_ffca_parameter_names_and_shapes_unchanged():
+    """Checkpoints trained before the fast paths must still load: names and shapes are the originals."""
+    fem = FEM(32, 24)
+    convs = {"branch_a.0": (8, 32, 1, 1), "branch_a.1": (8, 8, 3, 3),
+             "branch_b.0": (4, 32, 1, 1), "branch_b.1": (6, 4, 1, 3), "branch_b.2": (8, 6, 3, 1),
+             "branch_b.3": (8, 8, 3, 3), "branch_c.0": (4, 32, 1, 1), "branch_c.1": (6, 4, 3, 1),
+             "branch_c.2": (8, 6, 1, 3), "branch_c.3": (8, 8, 3, 3), "project": (24, 24, 1, 1),
+             "shortcut": (24, 32, 1, 1)}
+    expected = {}
+    for name, shape in convs.items():
+        expected[f"{name}.conv.weight"] = shape
+        for stat in ("weight", "bias", "running_mean", "running_var"):
+            expected[f"{name}.bn.{stat}"] = (shape[0],)
+        expected[f"{name}.bn.num_batches_tracked"] = ()
+    assert {k: tuple(v.shape) for k, v in fem.state_dict().items()} == expected
+    scam = {k: tuple(v.shape) for k, v in SCAM(12).state_dict().items() if "bn." not in k}
+    assert scam == {"key.conv.weight": (1, 12, 1, 1), "value.conv.weight": (12, 12, 1, 1),
+                    "context_proj.0.weight": (12, 12, 1, 1), "gate.conv.weight": (1, 2, 1, 1)}
+    c3f = {k for k in C3_Faster(16, 16, n=1).state_dict() if k.endswith("weight") and ".bn." not in k}
+    assert c3f == {"cv1.conv.weight", "cv2.conv.weight", "cv3.conv.weight", "m.0.partial_conv.weight",
+                   "m.0.mlp.0.conv.weight", "m.0.mlp.1.weight"}
+
+
+def test_drop_path_residual_equals_shortcut_plus_drop_path():
+    torch.manual_seed(0)
+    drop = DropPath(0.3)
+    shortcut, x = torch.randn(64, 3, 4, 4), torch.randn(64, 3, 4, 4)
+    torch.manual_seed(5)
+    want = shortcut + drop(x)
+    torch.manual_seed(5)
+    got = drop.residual(shortcut, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * want.abs().max())
+    dropped = torch.isclose(got, shortcut, rtol=0, atol=0).flatten(1).all(1)
+    assert 5 < dropped.sum() < 40  # about 30% of 64 samples
+    assert torch.equal(drop.eval().residual(shortcut, x), shortcut + x)
+
+
+def ffca_module_steps(device: str) -> list[torch.Tensor]:
+    """Output and input gradient of FEM, SCAM and C3_Faster (training mode) on ``device``."""
+    torch.manual_seed(0)
+    results = []
+    cases = ((FEM(32, 32), (4, 32, 12, 12)), (SCAM(16), (4, 16, 10, 10)), (C3_Faster(16, 16), (4, 16, 8, 8)))
+    for module, shape in cases:
+        module = module.to(device).train()
+        x = torch.randn(shape, device=device, requires_grad=True)
+        module(x).square().sum().backward()
+        results += [module(x).detach(), x.grad]
+    return results
+
+
+def test_ffca_fast_paths_repeat_bit_for_bit_on_cpu():
+    first, second = ffca_module_steps("cpu"), ffca_module_steps("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ffca_fast_paths_under_cuda_deterministic_algorithms():
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = ffca_module_steps("cuda"), ffca_module_steps("cuda")
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
