@@ -23,16 +23,13 @@ import csv  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-import torch  # noqa: E402
-
 import train  # noqa: E402
-from benchmarks.accuracy_bands import SIZE_BANDS, band_ap, band_image_stats  # noqa: E402
+import val  # noqa: E402
 from benchmarks.accuracy_variants import ABLATIONS, MODELS, variant_yaml  # noqa: E402
 from make_tiny_shapes import make_tiny_shapes  # noqa: E402
-from models.experimental import attempt_load  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
-from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.ops import non_max_suppression, xywh2xyxy  # noqa: E402
+
+BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
 
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n", "l-ffca-yolo")
 
@@ -46,23 +43,12 @@ def first_nonzero_epoch(results_csv: Path) -> int | None:
     return None
 
 
-@torch.no_grad()
-def size_band_ap(weights: Path, data: dict, imgsz: int, batch_size: int) -> dict[str, tuple[float, float, int]]:
-    """``{band: (AP50, AP50-95, labels)}`` of a checkpoint on the val split (conf 0.001, NMS IoU 0.6)."""
-    model = attempt_load(weights, device=torch.device("cpu"))
-    loader, _ = create_dataloader(data["val"], imgsz, batch_size, int(model.stride.max()), pad=0.5, rect=True,
-                                  workers=0, nc=int(data["nc"]))
-    stats = {band: [] for band in SIZE_BANDS}
-    for imgs, targets, _, _ in loader:
-        imgs = imgs.float() / 255
-        preds = non_max_suppression(model(imgs)[0], 0.001, 0.6, multi_label=True, max_det=300)
-        h, w = imgs.shape[2:]
-        boxes = xywh2xyxy(targets[:, 2:6] * torch.tensor((w, h, w, h)))
-        for i, pred in enumerate(preds):
-            labels = torch.cat((targets[:, 1:2], boxes), 1)[targets[:, 0] == i]
-            for band, limits in SIZE_BANDS.items():
-                stats[band].append(band_image_stats(pred, labels, limits))
-    return {band: band_ap(s) for band, s in stats.items()}
+def size_band_ap(weights: Path, data_yaml: Path, imgsz: int, batch_size: int, out: Path) -> dict:
+    """``{band key: {"instances", "map50", "map", "ar"}}`` of a checkpoint on the val split (val.py's bands)."""
+    *_, bands = val.run(check_dataset(data_yaml), weights=str(weights), batch_size=batch_size, imgsz=imgsz,
+                        device="cpu", workers=0, project=str(out / "val"), name=weights.parent.parent.name,
+                        exist_ok=True, plots=False, size_bands=True)
+    return bands
 
 
 def train_one(name: str, cfg: Path, data_yaml: Path, out: Path, opt) -> dict:
@@ -73,21 +59,22 @@ def train_one(name: str, cfg: Path, data_yaml: Path, out: Path, opt) -> dict:
                         name=name, exist_ok=True, noplots=True, hyp=str(opt.hyp))
     seconds = time.perf_counter() - t0
     run_dir = out / "runs" / name
-    bands = size_band_ap(run_dir / "weights" / "last.pt", check_dataset(data_yaml), opt.imgsz, opt.batch_size)
+    bands = size_band_ap(run_dir / "weights" / "last.pt", data_yaml, opt.imgsz, opt.batch_size, out)
     return {"model": name, "map50": results[2], "map": results[3], "bands": bands,
             "first": first_nonzero_epoch(run_dir / "results.csv"), "s_per_epoch": seconds / opt.epochs}
 
 
 def format_table(rows: list[dict]) -> str:
     """Markdown table of the benchmark rows."""
-    bands = list(SIZE_BANDS)
-    head = ["model", "mAP50", "mAP50-95", *(f"AP50 {b}" for b in bands), "first mAP>0 epoch", "s/epoch"]
+    head = ["model", "mAP50", "mAP50-95", *(f"AP50 {label} px" for label in BANDS.values()),
+            *(f"AP50-95 {label} px" for label in BANDS.values()), "first mAP>0 epoch", "s/epoch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], f"{r['map50']:.3f}", f"{r['map']:.3f}",
-                 *(f"{r['bands'][b][0]:.3f}" for b in bands), str(r["first"] or "-"), f"{r['s_per_epoch']:.1f}"]
+                 *(f"{r['bands'][b]['map50']:.3f}" for b in BANDS), *(f"{r['bands'][b]['map']:.3f}" for b in BANDS),
+                 str(r["first"] or "-"), f"{r['s_per_epoch']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    counts = ", ".join(f"{b}: {n}" for b, (_, _, n) in rows[0]["bands"].items()) if rows else ""
+    counts = ", ".join(f"{label} px: {rows[0]['bands'][b]['instances']}" for b, label in BANDS.items()) if rows else ""
     return "\n".join(lines) + f"\n\nval labels per band: {counts}"
 
 

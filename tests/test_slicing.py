@@ -155,6 +155,15 @@ def tiny_weights(tmp_path_factory, tiny_cfg):
     return path
 
 
+def label_rows(folder) -> dict:
+    """{file name: (n, 6) array of its label rows, sorted by class then box}."""
+    rows = {}
+    for f in folder.glob("*.txt"):
+        values = np.loadtxt(f, ndmin=2).reshape(-1, 6)
+        rows[f.name] = values[np.lexsort(values[:, ::-1].T)] if len(values) else values
+    return rows
+
+
 def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data, tmp_path):
     import val
     from utils.data_config import check_dataset
@@ -167,11 +176,12 @@ def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data,
                   project=tmp_path, conf_thres=0.5, max_det=1000, save_txt=True, save_conf=True, size_bands=True)
     plain = val.run(shapes_data, name="plain", **common)
     sliced = val.run(shapes_data, name="sliced", slice_size=256, no_full_pass=True, **common)
-    plain_txt = {f.name: sorted(f.read_text().splitlines()) for f in (tmp_path / "plain" / "labels").glob("*.txt")}
-    sliced_txt = {f.name: sorted(f.read_text().splitlines()) for f in (tmp_path / "sliced" / "labels").glob("*.txt")}
+    plain_txt, sliced_txt = (label_rows(tmp_path / name / "labels") for name in ("plain", "sliced"))
     assert sum(len(t) for t in plain_txt.values()) > 8  # there are predictions to compare
-    assert plain_txt == sliced_txt
-    assert np.allclose(plain[0][:4], sliced[0][:4])
+    assert plain_txt.keys() == sliced_txt.keys()
+    for name, rows in plain_txt.items():  # the tile path maps boxes back with other float steps: 1e-5 px-scale
+        assert rows.shape == sliced_txt[name].shape and np.allclose(rows, sliced_txt[name], atol=1e-5), name
+    assert np.allclose(plain[0][:4], sliced[0][:4], rtol=1e-2)  # a box on an IoU threshold may flip
     assert [plain[3][k]["instances"] for k in plain[3]] == [sliced[3][k]["instances"] for k in sliced[3]]
 
 

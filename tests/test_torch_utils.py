@@ -279,3 +279,11 @@ def test_environment_report_is_plain_and_complete(capsys):
     torch.save(report, io.BytesIO())  # plain data: serialisable without custom classes
     assert main() == 0
     assert f"torch: {torch.__version__}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_optimizer_for_a_model_without_biases_keeps_three_groups(name):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False))
+    groups = smart_optimizer(model, name, lr=0.01, momentum=0.9, decay=5e-4).param_groups
+    assert [len(g["params"]) for g in groups] == [0, 1, 0]
+    assert [g["weight_decay"] for g in groups] == [0.0, 5e-4, 0.0]

@@ -241,17 +241,18 @@ def smart_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.001, mome
                 norm_weights.append(p)
             else:
                 weights.append(p)
+    # all three groups at construction: a model without biases (group 0 empty) is still valid
+    groups = [{"params": biases, "weight_decay": 0.0}, {"params": weights, "weight_decay": decay},
+              {"params": norm_weights, "weight_decay": 0.0}]
     key = str(name).lower()
     if key == "sgd":
-        optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+        optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
     elif key == "adam":
-        optimizer = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999))
+        optimizer = torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999))
     elif key == "adamw":
-        optimizer = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
     else:
         raise UserError(f"--optimizer {name!r}: unknown optimizer; choose SGD, Adam or AdamW")
-    optimizer.add_param_group({"params": weights, "weight_decay": decay})
-    optimizer.add_param_group({"params": norm_weights, "weight_decay": 0.0})
     LOGGER.info(f"{colorstr('optimizer:')} {type(optimizer).__name__}(lr={lr}) with parameter groups "
                 f"{len(norm_weights)} weight(decay=0.0), {len(weights)} weight(decay={decay}), {len(biases)} bias")
     return optimizer
