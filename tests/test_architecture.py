@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY_SCRIPTS = {"train", "val", "detect", "audit", "export", "hubconf"}
+ENTRY_SCRIPTS = {"train", "val", "detect", "audit", "export", "hubconf", "convert_checkpoint"}
 NOT_PROJECT_CODE = {"tests", "benchmarks", "data", "runs", ".git"}
 
 

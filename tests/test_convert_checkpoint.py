@@ -12,7 +12,8 @@ import torch
 from models.experimental import attempt_load
 from models.yolo import Model
 from utils.checkpoints import load_checkpoint
-from utils.convert_checkpoint import Placeholder, convert, main, match_weights, read_foreign_checkpoint
+from convert_checkpoint import main
+from utils.convert_checkpoint import Placeholder, convert, match_weights, read_foreign_checkpoint
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,6 @@ docs/export.md).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import pickle
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 from utils.checkpoints import save_checkpoint
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import UserError
 from utils.logging import LOGGER
 
 STORAGE_DTYPES = {
@@ -240,21 +239,10 @@ def convert(src, dst, model_class) -> dict:
     return ckpt
 
 
-def parse_opt(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("src", help="upstream YOLOv5 v6/v7 or FFCA-YOLO checkpoint (.pt)")
-    parser.add_argument("dst", help="plain checkpoint to write (.pt)")
-    return parser.parse_args(argv)
-
-
-@exit_on_user_error
-def main(argv=None):
-    """Command line: convert SRC to DST (builds the model with models.yolo, imported here on purpose)."""
-    from models.yolo import Model
-
-    opt = parse_opt(argv)
-    convert(opt.src, opt.dst, Model)
-
-
 if __name__ == "__main__":
-    main()
+    # The command line builds this project's model, so it lives in the entry script convert_checkpoint.py;
+    # running it as a program (not an import) keeps ``python -m utils.convert_checkpoint`` working
+    # without an upward import from utils/.
+    import runpy
+
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "convert_checkpoint.py"), run_name="__main__")

@@ -1,0 +1,36 @@
+"""Convert an upstream YOLOv5 (v6/v7) or FFCA-YOLO pickled checkpoint into this project's plain checkpoint.
+
+    python convert_checkpoint.py yolov5s.pt converted.pt      # also: python -m utils.convert_checkpoint ...
+
+No code from the source file runs (see utils/convert_checkpoint.py); the model is rebuilt from the
+model YAML stored in it, every tensor must be used, and the result loads with weights_only=True.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from models.yolo import Model  # noqa: E402
+from utils.convert_checkpoint import convert  # noqa: E402
+from utils.errors import exit_on_user_error  # noqa: E402
+
+
+def parse_opt(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", help="upstream YOLOv5 v6/v7 or FFCA-YOLO checkpoint (.pt)")
+    parser.add_argument("dst", help="plain checkpoint to write (.pt)")
+    return parser.parse_args(argv)
+
+
+@exit_on_user_error
+def main(argv=None):
+    opt = parse_opt(argv)
+    convert(opt.src, opt.dst, Model)
+
+
+if __name__ == "__main__":
+    main()
