@@ -213,6 +213,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
                               device, half, classes, agnostic_nms)
 
     video, summary = VideoSink(), SourceSummary(names)
+    outputs = dict(save_txt=save_txt, save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img,
+                   nosave=nosave, line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
     for path, im, im0, cap, s in dataset:
         t0 = time_sync()
@@ -232,26 +234,7 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         dt = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2]
         seen += 1
         frame = dataset.frame if dataset.mode != "image" else 0
-        save_path, label_stem = save_path_for(save_dir, path, dataset.mode, frame)
-
-        if save_txt:
-            write_labels(det, im0.shape, save_conf, label_stem)
-        if save_csv:
-            append_csv(save_dir / "predictions.csv", path, frame, det, names)
-        if save_crop:
-            for *xyxy, _, cls in det.tolist():
-                crop_file = increment_path(save_dir / "crops" / names[int(cls)] / f"{Path(path).stem}.jpg")
-                save_one_box(xyxy, im0, file=crop_file)
-        if view_img or not nosave:
-            annotated = annotate(im0, det, names, line_thickness, hide_labels, hide_conf)
-        if view_img:
-            show(str(path), annotated)
-        if not nosave:
-            if dataset.mode == "image":
-                cv2.imwrite(str(save_path), annotated)
-            else:
-                video.write(save_path, annotated, cap)
-
+        write_outputs(det, im0, path, frame, cap, dataset.mode, save_dir, video, names, outputs)
         counts = Counter(int(c) for c in det[:, 5])
         found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
         LOGGER.info(f"{s}{found or '(no detections), '}{(t2 - t1) * 1e3:.1f}ms")
@@ -261,6 +244,28 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     summary.finish(source)
     report(dt, seen, imgsz, save_dir, save_txt, nosave)
     return save_dir
+
+
+def write_outputs(det, im0, path, frame, cap, mode, save_dir, video, names, outputs: dict) -> None:
+    """Labels, CSV rows, crops, the annotated image or video frame for one source frame, as ``outputs`` asks."""
+    save_path, label_stem = save_path_for(save_dir, path, mode, frame)
+    if outputs["save_txt"]:
+        write_labels(det, im0.shape, outputs["save_conf"], label_stem)
+    if outputs["save_csv"]:
+        append_csv(save_dir / "predictions.csv", path, frame, det, names)
+    if outputs["save_crop"]:
+        for *xyxy, _, cls in det.tolist():
+            crop_file = increment_path(save_dir / "crops" / names[int(cls)] / f"{Path(path).stem}.jpg")
+            save_one_box(xyxy, im0, file=crop_file)
+    if outputs["view_img"] or not outputs["nosave"]:
+        annotated = annotate(im0, det, names, outputs["line_thickness"], outputs["hide_labels"], outputs["hide_conf"])
+    if outputs["view_img"]:
+        show(str(path), annotated)
+    if not outputs["nosave"]:
+        if mode == "image":
+            cv2.imwrite(str(save_path), annotated)
+        else:
+            video.write(save_path, annotated, cap)
 
 
 def append_csv(file, path, frame, det, names):

@@ -35,8 +35,8 @@ from utils.autobatch import check_train_batch_size  # noqa: E402
 from utils.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch, gather_objects,  # noqa: E402
-                       destroy_process_group, dist_info_from_env, init_process_group)
+from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
+                       destroy_process_group, dist_info_from_env, gather_objects, init_process_group)
 from utils.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402

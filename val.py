@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from copy import deepcopy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -211,10 +212,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     """
     training = model is not None
     if training:
-        device = _model_device(model)
-        half &= device.type == "cuda"
-        if half:
-            model = half_copy(model)
+        model, device, half = _training_model(model, half)
     else:
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -228,79 +226,124 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if dataloader is None:
         dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers)
 
-    confusion_matrix = ConfusionMatrix(nc=nc)
-    band_stats = SizeBandStats() if size_bands or not training or verbose else None
+    record = ValidationRecord(ConfusionMatrix(nc=nc), SizeBandStats() if size_bands or not training or verbose else None,
+                              single_cls, plots, save_dir if save_txt else None, save_conf,
+                              coco_image_ids(dataloader.dataset.im_files) if save_json else None)
     slicer = sliced_predictor(
         lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap, no_full_pass,
         slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
         agnostic=single_cls, multi_label=True)
-    seen, stats, jdict = 0, [], []
-    dt = [0.0, 0.0, 0.0]
-    loss = torch.zeros(3, device=device)
-    image_ids = coco_image_ids(dataloader.dataset.im_files) if save_json else {}
-    pbar = tqdm(dataloader, desc=TABLE_HEADER, bar_format="{l_bar}{bar:10}{r_bar}")
-    for batch_i, (im, targets, paths, shapes) in enumerate(pbar):
-        t0 = time_sync()
-        im = im.to(device, non_blocking=True)
-        im = (im.half() if half else im.float()) / 255
-        targets = targets.to(device)
-        nb, _, height, width = im.shape
-        t1 = time_sync()
-        if slicer is None:
-            preds, train_out = tta_forward(model, im) if augment else model(im)
-        t2 = time_sync()
-        if compute_loss:
-            loss += compute_loss(train_out, targets)[1]
-        targets[:, 2:] *= torch.tensor((width, height, width, height), device=device)
-        hybrid = [targets[targets[:, 0] == i, 1:] for i in range(nb)] if save_hybrid else []
-        if slicer is None:
-            preds = non_max_suppression(preds, conf_thres, iou_thres, labels=hybrid, multi_label=True,
-                                        agnostic=single_cls, max_det=max_det)
-        else:  # sliced predictions, mapped into this batch's letterboxed pixels like the unsliced ones
-            preds = [to_letterbox(slicer.predict_file(p), s[1]).to(device) for p, s in zip(paths, shapes)]
-        t3 = time_sync()
-        dt[0], dt[1], dt[2] = dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2
-
-        for si, pred in enumerate(preds):
-            seen += 1
-            labels = targets[targets[:, 0] == si, 1:]
-            path, shape = Path(paths[si]), shapes[si][0]
-            stats.append(_image_stats(pred, labels, im[si].shape[1:], shapes[si], single_cls, plots,
-                                      confusion_matrix, band_stats))
-            if save_txt or save_json:
-                predn = pred.clone()
-                if single_cls:
-                    predn[:, 5] = 0
-                scale_boxes(im[si].shape[1:], predn[:, :4], shape, shapes[si][1])
-                if save_txt:
-                    save_one_txt(predn, save_conf, shape, save_dir / "labels" / f"{path.stem}.txt")
-                if save_json:
-                    jdict += coco_predictions(predn, image_ids[str(paths[si])])
+    dt, loss = [0.0, 0.0, 0.0], torch.zeros(3, device=device)
+    nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, agnostic=single_cls,
+                       max_det=max_det)
+    for batch_i, (im, targets, paths, shapes) in enumerate(tqdm(dataloader, desc=TABLE_HEADER,
+                                                                bar_format="{l_bar}{bar:10}{r_bar}")):
+        im, targets, preds, times, loss_items = _predict_batch(
+            model, slicer, im.to(device, non_blocking=True), targets.to(device), paths, shapes, half, augment,
+            compute_loss, save_hybrid, nms_options)
+        dt, loss = [total + t for total, t in zip(dt, times)], loss if loss_items is None else loss + loss_items
+        record.add_batch(preds, targets, im.shape[2:], paths, shapes)
         if plots and batch_i < 3:
-            plot_images(im, targets, paths, save_dir / f"val_batch{batch_i}_labels.jpg", names)
-            plot_images(im, output_to_target(preds), paths, save_dir / f"val_batch{batch_i}_pred.jpg", names)
-
-    results = _summarise(stats, nc, names, seen, plots, save_dir, verbose or (nc < 50 and not training), training)
-    mp, mr, map50, map_, maps = results
-    bands = band_stats.compute() if band_stats else None
+            _plot_batch(im, targets, preds, paths, save_dir / f"val_batch{batch_i}", names)
+    seen = len(record.stats)
+    mp, mr, map50, map_, maps = _summarise(record.stats, nc, names, seen, plots, save_dir,
+                                           verbose or (nc < 50 and not training), training)
+    bands = record.band_stats.compute() if record.band_stats else None
     if bands and (verbose or not training):
         log_band_table(bands)
     times = tuple(x / max(seen, 1) * 1e3 for x in dt)
-    if not training:
-        shape = (batch_size, 3, imgsz, imgsz)
-        LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape {shape}" % times)
     if plots:
-        plot_confusion_matrix(confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
-    if save_json and jdict:
-        coco = _save_and_evaluate_json(jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights, max_det)
-        if coco is not None:
-            map_, map50 = coco
+        plot_confusion_matrix(record.confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
+    coco = None
+    if save_json and record.jdict:
+        coco = _save_and_evaluate_json(record.jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights,
+                                       max_det)
+    map_, map50 = coco if coco is not None else (map_, map50)
     if not training:
-        n_labels = len(list(save_dir.glob("labels/*.txt")))
-        written = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
-        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
+        _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
     results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
     return (results, maps, times, bands) if size_bands else (results, maps, times)
+
+
+def _plot_batch(im, targets, preds, paths, stem: Path, names) -> None:
+    """``<stem>_labels.jpg`` and ``<stem>_pred.jpg`` for one validation batch."""
+    plot_images(im, targets, paths, stem.with_name(stem.name + "_labels.jpg"), names)
+    plot_images(im, output_to_target(preds), paths, stem.with_name(stem.name + "_pred.jpg"), names)
+
+
+def _predict_batch(model, slicer, im, targets, paths, shapes, half, augment, compute_loss, save_hybrid, nms_options):
+    """One batch -> (images 0-1, targets with pixel xywh, per-image (n, 6) detections in letterboxed pixels,
+    (pre-process, inference, NMS) seconds, loss items or None)."""
+    t0 = time_sync()
+    im = (im.half() if half else im.float()) / 255
+    nb, _, height, width = im.shape
+    t1 = time_sync()
+    if slicer is None:
+        preds, train_out = tta_forward(model, im) if augment else model(im)
+    t2 = time_sync()
+    loss_items = compute_loss(train_out, targets)[1] if compute_loss else None
+    targets[:, 2:] *= torch.tensor((width, height, width, height), device=targets.device)
+    hybrid = [targets[targets[:, 0] == i, 1:] for i in range(nb)] if save_hybrid else []
+    if slicer is None:
+        preds = non_max_suppression(preds, labels=hybrid, **nms_options)
+    else:  # sliced predictions, mapped into this batch's letterboxed pixels like the unsliced ones
+        preds = [to_letterbox(slicer.predict_file(p), s[1]).to(im.device) for p, s in zip(paths, shapes)]
+    t3 = time_sync()
+    return im, targets, preds, (t1 - t0, t2 - t1, t3 - t2), loss_items
+
+
+@dataclass
+class ValidationRecord:
+    """What validation keeps per image: match statistics, confusion matrix, size bands, labels and COCO JSON."""
+
+    confusion_matrix: ConfusionMatrix
+    band_stats: SizeBandStats | None
+    single_cls: bool
+    plots: bool
+    labels_dir: Path | None  # run folder for --save-txt labels, None without --save-txt
+    save_conf: bool
+    image_ids: dict | None  # COCO image ids for --save-json, None without it
+    stats: list = field(default_factory=list)
+    jdict: list = field(default_factory=list)
+
+    def add_batch(self, preds, targets, letterbox_shape, paths, shapes) -> None:
+        """``preds``: per-image (n, 6) in letterboxed pixels; ``targets`` (m, 6) with pixel xywh."""
+        for si, pred in enumerate(preds):
+            labels = targets[targets[:, 0] == si, 1:]
+            self.stats.append(_image_stats(pred, labels, letterbox_shape, shapes[si], self.single_cls, self.plots,
+                                           self.confusion_matrix, self.band_stats))
+            if self.labels_dir is None and self.image_ids is None:
+                continue
+            predn = _original_pixels(pred, letterbox_shape, shapes[si], self.single_cls)
+            if self.labels_dir is not None:
+                save_one_txt(predn, self.save_conf, shapes[si][0],
+                             self.labels_dir / "labels" / f"{Path(paths[si]).stem}.txt")
+            if self.image_ids is not None:
+                self.jdict += coco_predictions(predn, self.image_ids[str(paths[si])])
+
+
+def _training_model(model, half: bool):
+    """train.py's live model: (model to run, its device, half); under CUDA AMP a half copy, never the EMA itself."""
+    device = _model_device(model)
+    half &= device.type == "cuda"
+    return (half_copy(model) if half else model), device, half
+
+
+def _original_pixels(pred, letterbox_shape, shape_info, single_cls: bool):
+    """A copy of (n, 6) detections with boxes in original-image pixels (class 0 with --single-cls)."""
+    predn = pred.clone()
+    if single_cls:
+        predn[:, 5] = 0
+    scale_boxes(letterbox_shape, predn[:, :4], shape_info[0], shape_info[1])
+    return predn
+
+
+def _report_standalone(times, shape, save_dir, save_txt: bool) -> None:
+    """Speed per image and where the results went (command-line validation only)."""
+    LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape {shape}" % times)
+    n_labels = len(list(save_dir.glob("labels/*.txt")))
+    written = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
+    LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
 
 
 def _image_stats(pred, labels, letterbox_shape, shape_info, single_cls, plots, confusion_matrix, band_stats=None):
