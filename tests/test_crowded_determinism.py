@@ -45,6 +45,7 @@ def loss_gradient_hash(model, images, targets) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_crowded_loss_backward_is_bit_identical_with_the_flag(tiny_cfg):
     torch.manual_seed(0)
     model = Model(str(tiny_cfg), nc=4)

@@ -53,6 +53,7 @@ def test_advice_changes_with_the_image_size(tmp_path):
     assert "25% of objects are under 16 px at 200" in reasons
 
 
+@pytest.mark.slow
 def test_cli_prints_report_and_writes_plot(tmp_path):
     yaml_file = write_yolo_set(tmp_path)
     png = tmp_path / "plots" / "sizes.png"

@@ -323,6 +323,7 @@ with GracefulInterrupt() as g:
 """
 
 
+@pytest.mark.slow
 def test_signals_to_a_forked_worker_are_not_counted_by_the_parent():
     script = FORKED_WORKER.format(root=str(ROOT))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -434,6 +435,7 @@ def test_read_only_project_folder_is_one_line_and_exit_2(small_data):
         shutil.rmtree(project, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["data", "quad"])
 def test_rejected_data_yaml_or_option_leaves_no_run_folder(bad, small_data, tmp_path):
     import train

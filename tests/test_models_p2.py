@@ -15,6 +15,7 @@ P2 = ["yolov5n-p2", "yolov5s-p2"]
 WIDTH = {"yolov5n-p2": 0.25, "yolov5s-p2": 0.50}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", P2)
 def test_p2_model_detects_at_strides_4_to_32(name):
     model = Model(ROOT / "models" / f"{name}.yaml", nc=3)
@@ -28,6 +29,7 @@ def test_p2_model_detects_at_strides_4_to_32(name):
     assert all(o.shape[-1] == 3 + 5 for o in outputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", P2)
 def test_p2_model_audits_clean(name):
     report = audit_model(Model(ROOT / "models" / f"{name}.yaml"), imgsz=64)
@@ -35,6 +37,7 @@ def test_p2_model_audits_clean(name):
     assert report.op_counts["backward"] > 0  # the backward pass really ran
 
 
+@pytest.mark.slow
 def test_p2_larger_than_its_p3_baseline():
     """The P2 head adds parameters over yolov5n; the summary line states them (the README's figure)."""
     n, n_p2 = (sum(p.numel() for p in Model(ROOT / "models" / f"{m}.yaml").parameters())

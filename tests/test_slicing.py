@@ -164,6 +164,7 @@ def label_rows(folder) -> dict:
     return rows
 
 
+@pytest.mark.slow
 def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data, tmp_path):
     import val
     from utils.data_config import check_dataset
@@ -185,6 +186,7 @@ def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data,
     assert [plain[3][k]["instances"] for k in plain[3]] == [sliced[3][k]["instances"] for k in sliced[3]]
 
 
+@pytest.mark.slow
 def test_val_sliced_with_full_pass_runs_and_reports_bands(tiny_weights, shapes_data, tmp_path, log_lines):
     import val
 
@@ -198,6 +200,7 @@ def test_val_sliced_with_full_pass_runs_and_reports_bands(tiny_weights, shapes_d
     assert any("AI-TOD size bands" in line for line in log_lines)
 
 
+@pytest.mark.slow
 def test_detect_sliced_writes_same_boxes_twice(tiny_weights, tmp_path):
     import detect
 

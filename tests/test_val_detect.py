@@ -141,6 +141,7 @@ def _check_yolo_lines(files, with_conf):
     return lines
 
 
+@pytest.mark.slow
 def test_val_end_to_end_writes_metrics_plots_labels_and_coco_json(trained, shapes_data, tmp_path):
     _, weights = trained
     (mp, mr, map50, map_, *losses), maps, times = val.run(
@@ -195,6 +196,7 @@ def _make_media(folder):
     return folder
 
 
+@pytest.mark.slow
 def test_detect_end_to_end_images_and_video(trained, tmp_path):
     _, weights = trained
     source = _make_media(tmp_path / "media")
