@@ -81,14 +81,14 @@ def time_fixed_batch(cfg, imgsz: int, batch_size: int, mode: str, device, data_y
 
     Timing one batch over and over isolates what a determinism mode costs in the step itself.
     """
-    loop, compute_loss, loader = build_loop(cfg, imgsz, batch_size, 0, mode, device, data_yaml)
+    loop, loader = build_loop(cfg, imgsz, batch_size, 0, mode, device, data_yaml)
     loop.model.train()
     loader.set_epoch(0)
     imgs, targets, _, _ = next(iter(loader))
     times = []
     for i in range(warmup + batches):
         t = time.perf_counter()
-        loop.train_step(imgs, targets, 0, i, warmup + batches, compute_loss)
+        loop.train_step(imgs, targets, 0, i, warmup + batches)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)

@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 LAUNCH_WITH_PROOF_MODULES = "import proof_modules, train; train.cli()"
-CHECKSUM_LINE = re.compile(r"Final EMA weights sha256: ([0-9a-f]{64})")
+CHECKSUM_LINE = re.compile(r"Final EMA weights sha256[^:]*: ([0-9a-f]{64})")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
 
 
