@@ -12,7 +12,7 @@ own evaluation ignores them). DOTA images are large (up to about 4000 px): see
 from pathlib import Path
 
 from utils.converters.sources import image_size, list_images, numbers, require_dir
-from utils.converters.writer import DatasetWriter, yolo_row
+from utils.converters.writer import DatasetWriter
 from utils.errors import UserError
 from utils.logging import LOGGER
 
@@ -69,11 +69,7 @@ def label_rows(label_file: Path, size, classes, opt, writer) -> list:
         if cls == "drop":
             writer.drop(box)
             continue
-        row = yolo_row(cls, box, *size)
-        if row is None:
-            writer.drop("zero size or outside the image")
-        else:
-            rows.append(row)
+        writer.add_box(rows, cls, box, *size)
     return rows
 
 

@@ -17,7 +17,7 @@ otherwise a name-hash split with ``--val-fraction``.
 from pathlib import Path
 
 from utils.converters.sources import check_fraction, hash_split, image_size, numbers, require_dir
-from utils.converters.writer import DatasetWriter, yolo_row
+from utils.converters.writer import DatasetWriter
 from utils.errors import UserError
 from utils.logging import LOGGER
 
@@ -92,11 +92,7 @@ def image_rows(entries, code_to_class, size, writer) -> list:
         if code not in code_to_class:
             writer.drop(f"class code {code} not in --classes list")
             continue
-        row = yolo_row(code_to_class[code], box, *size)
-        if row is None:
-            writer.drop("zero size or outside the image")
-        else:
-            out.append(row)
+        writer.add_box(out, code_to_class[code], box, *size)
     return out
 
 

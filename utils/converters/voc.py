@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from utils.converters.sources import check_fraction, hash_split, image_size, numbers, require_dir
-from utils.converters.writer import DatasetWriter, yolo_row
+from utils.converters.writer import DatasetWriter
 from utils.errors import UserError
 from utils.logging import LOGGER
 
@@ -95,11 +95,7 @@ def object_rows(xml_path, objects, classes, size, opt, writer) -> list:
         if difficult and opt.drop_difficult:
             writer.drop("difficult (--drop-difficult)")
             continue
-        row = yolo_row(classes[name], box, *size)
-        if row is None:
-            writer.drop("zero size or outside the image")
-        else:
-            rows.append(row)
+        writer.add_box(rows, classes[name], box, *size)
     return rows
 
 

@@ -82,6 +82,14 @@ class DatasetWriter:
         if n:
             self.dropped[reason] += n
 
+    def add_box(self, rows: list, cls: int, box, width: int, height: int) -> None:
+        """Append box ``(x1, y1, x2, y2)`` as a YOLO row to ``rows``, or count it dropped when it has no area inside."""
+        row = yolo_row(cls, box, width, height)
+        if row is None:
+            self.drop("zero size or outside the image")
+        else:
+            rows.append(row)
+
     def bad_row(self, where: str, reason: str) -> None:
         """Report one malformed annotation row (``where`` = ``file:line``) and count it; the rest goes on."""
         LOGGER.warning(f"{where}: {reason}; row skipped")
