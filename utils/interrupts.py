@@ -149,13 +149,19 @@ class GracefulInterrupt:
             writer.close()
             self._sockets, self._watchdog = None, None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # once stopping for a signal, the process only reports and exits: a late second signal must not
+            # kill it by the default handler before it says what is on disk
+            signal.signal(sig, _already_stopping if self.requested else handler)
         return False
 
     @property
     def exit_code(self) -> int:
         """Shell convention for death by signal: 128 + signal number."""
         return 128 + self.requested if self.requested else 0
+
+
+def _already_stopping(signum, frame) -> None:
+    LOGGER.warning(f"{signal.Signals(signum).name} received: already stopping, reporting what is on disk")
 
 
 def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None, show: bool = True) -> None:
@@ -169,4 +175,7 @@ def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None,
         if resume_command:
             message += f"\nResume with:\n    {resume_command}"
         LOGGER.info(message)
-    sys.exit(exit_code or 1)
+    # Everything is saved and reported. Python restores the default handlers while it shuts down (slowly,
+    # with torch loaded), so a late second signal would kill the process with -15 after the report: end now.
+    flush_output()
+    os._exit(exit_code or 1)
