@@ -119,13 +119,16 @@ def make_image(rng, size=IMG_SIZE, sides=(MIN_SIDE, MAX_SIDE), objects=OBJECTS_P
     return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
 
 
-def _write_split(root: Path, split: str, n: int, seed: int, split_id: int, **image_options) -> None:
+def write_split(root: Path, split: str, n: int, seed: int, split_id: int, make=make_image, stream=(), quality=92,
+                **image_options) -> None:
+    """``n`` images of ``make(rng, **image_options)`` and their labels; image i draws from its own stream
+    ``[seed, split_id, i, *stream]`` (independent of n; ``stream`` keeps sibling generators apart)."""
     (root / "images" / split).mkdir(parents=True)
     (root / "labels" / split).mkdir(parents=True)
     for i in range(n):
-        rng = np.random.default_rng([seed, split_id, i])  # one stream per image: independent of n
-        im, labels = make_image(rng, **image_options)
-        cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), im, [cv2.IMWRITE_JPEG_QUALITY, 92])
+        rng = np.random.default_rng([seed, split_id, i, *stream])
+        im, labels = make(rng, **image_options)
+        cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), im, [cv2.IMWRITE_JPEG_QUALITY, quality])
         rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
         (root / "labels" / split / f"{i:06d}.txt").write_text(rows)
 
@@ -161,8 +164,8 @@ def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0, **image_optio
     ``image_options``: ``size``, ``sides``, ``objects`` of :func:`make_image` (defaults: the embedded set).
     """
     root = Path(root).resolve()
-    build_atomically(root, lambda tmp: (_write_split(tmp, "train", n_train, seed, 0, **image_options),
-                                        _write_split(tmp, "val", n_val, seed, 1, **image_options)))
+    build_atomically(root, lambda tmp: (write_split(tmp, "train", n_train, seed, 0, **image_options),
+                                        write_split(tmp, "val", n_val, seed, 1, **image_options)))
     return root
 
 

@@ -10,9 +10,9 @@ smaller objects (6-24 px) and more of them per image (4-10), so most boxes fall 
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,23 +50,13 @@ def make_tiny_image(rng, size=IMG_SIZE):
     return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
 
 
-def _write_split(root: Path, split: str, n: int, seed: int, split_id: int) -> None:
-    (root / "images" / split).mkdir(parents=True)
-    (root / "labels" / split).mkdir(parents=True)
-    for i in range(n):
-        rng = np.random.default_rng([seed, split_id, i, 6])  # one stream per image, distinct from make_shapes
-        im, labels = make_tiny_image(rng)
-        cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), im, [cv2.IMWRITE_JPEG_QUALITY, 95])
-        rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
-        (root / "labels" / split / f"{i:06d}.txt").write_text(rows)
-
-
 def make_tiny_shapes(root=DEFAULT_ROOT, n_train=128, n_val=64, seed=0) -> Path:
     """Generate the data set into ``root`` (must not exist or be empty) and write ``<root>.yaml``;
     returns the data YAML path. Built in a temporary sibling folder, then renamed into place."""
     root = Path(root).resolve()
-    make_shapes.build_atomically(root, lambda tmp: (_write_split(tmp, "train", n_train, seed, 0),
-                                                    _write_split(tmp, "val", n_val, seed, 1)))
+    split = partial(make_shapes.write_split, make=make_tiny_image, stream=(6,), quality=95)  # 6: own streams
+    make_shapes.build_atomically(root, lambda tmp: (split(tmp, "train", n_train, seed, 0),
+                                                    split(tmp, "val", n_val, seed, 1)))
     yaml_file = root.with_suffix(".yaml")
     yaml_file.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(NAMES)}]\n")
     return yaml_file
