@@ -15,6 +15,7 @@ import csv
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -74,10 +75,9 @@ class VideoSink:
     def __init__(self):
         self.path, self.writer = None, None
 
-    def write(self, save_path, frame, cap):
+    def write(self, save_path, frame, fps):
         if save_path != self.path:
             self.release()
-            fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 0
             h, w = frame.shape[:2]
             self.path = save_path
             self.writer = cv2.VideoWriter(str(Path(save_path).with_suffix(".mp4")), cv2.VideoWriter_fourcc(*"mp4v"),
@@ -183,16 +183,69 @@ def annotate(im0, det, names, line_thickness, hide_labels, hide_conf):
     return annotator.result()
 
 
+class Frame(NamedTuple):
+    """One frame read from the source, with what is needed to write its outputs."""
+
+    path: str
+    im: np.ndarray  # letterboxed (3, h, w) RGB uint8
+    im0: np.ndarray  # original BGR
+    fps: float  # the video's frame rate (0 for images), read before the capture is released
+    text: str  # the log line's prefix
+    frame: int
+    mode: str
+
+
+def frame_batches(dataset, batch_size: int):
+    """Consecutive frames of one letterboxed shape, at most ``batch_size`` per list (always 1 for a webcam)."""
+    batch_size = 1 if isinstance(dataset, Webcam) else batch_size
+    batch = []
+    for path, im, im0, cap, text in dataset:
+        fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 0
+        frame = Frame(path, im, im0, fps, text, dataset.frame if dataset.mode != "image" else 0, dataset.mode)
+        if batch and batch[0].im.shape != im.shape:
+            yield batch
+            batch = []
+        batch.append(frame)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def predict_frames(model, frames, slicer, device, half, augment, nms_options):
+    """Detections (n, 6) in original pixels for each frame, and (pre-process, inference, NMS) seconds."""
+    t0 = time_sync()
+    im = torch.from_numpy(np.stack([f.im for f in frames])).to(device)
+    im = (im.half() if half else im.float()) / 255
+    t1 = time_sync()
+    if slicer is not None:  # tiles, full pass and merge all count as inference
+        dets = [slicer(f.im0).to(device) for f in frames]
+        t2 = t3 = time_sync()
+    else:
+        pred = tta_forward(model, im)[0] if augment else model(im)[0]
+        t2 = time_sync()
+        dets = non_max_suppression(pred, **nms_options)
+        for det, f in zip(dets, frames):
+            det[:, :4] = scale_boxes(im.shape[2:], det[:, :4], f.im0.shape)
+        t3 = time_sync()
+    for det in dets:
+        det[:, :4] = det[:, :4].round()
+    return dets, (t1 - t0, t2 - t1, t3 - t2)
+
+
 @torch.no_grad()
 def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres=0.45, max_det=1000, device="",
         view_img=False, save_txt=False, save_csv=False, save_conf=False, save_crop=False, nosave=False, classes=None,
         agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
         line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None,
-        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16):
+        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, batch_size=8):
     """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
 
     ``model``: an already-loaded eval model to use as is (``weights`` and ``device`` are then ignored).
-    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). Returns the run folder.
+    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``:
+    consecutive images or video frames of one letterboxed shape run through the model together.
+    Returns the run folder.
     """
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
     (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -211,42 +264,30 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
                               device, half, classes, agnostic_nms)
-
+    nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
+                       max_det=max_det)
     video, summary = VideoSink(), SourceSummary(names)
     outputs = dict(save_txt=save_txt, save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img,
                    nosave=nosave, line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
-    for path, im, im0, cap, s in dataset:
-        t0 = time_sync()
-        im = torch.from_numpy(im).to(device)[None]
-        im = (im.half() if half else im.float()) / 255
-        t1 = time_sync()
-        if slicer is None:
-            pred = tta_forward(model, im)[0] if augment else model(im)[0]
-            t2 = time_sync()
-            det = non_max_suppression(pred, conf_thres, iou_thres, classes, agnostic_nms, max_det=max_det)[0]
-            det[:, :4] = scale_boxes(im.shape[2:], det[:, :4], im0.shape)
-        else:  # tiles, full pass and merge all count as inference
-            det = slicer(im0).to(device)
-            t2 = time_sync()
-        det[:, :4] = det[:, :4].round()
-        t3 = time_sync()
-        dt = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2]
-        seen += 1
-        frame = dataset.frame if dataset.mode != "image" else 0
-        write_outputs(det, im0, path, frame, cap, dataset.mode, save_dir, video, names, outputs)
-        counts = Counter(int(c) for c in det[:, 5])
-        found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
-        LOGGER.info(f"{s}{found or '(no detections), '}{(t2 - t1) * 1e3:.1f}ms")
-        summary.add(path, det[:, 5].tolist(), t3 - t0, dataset.mode != "image")
+    for frames in frame_batches(dataset, batch_size):
+        dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
+        dt = [total + t for total, t in zip(dt, times)]
+        seen += len(frames)
+        for f, det in zip(frames, dets):
+            write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
+            counts = Counter(int(c) for c in det[:, 5])
+            found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
+            LOGGER.info(f"{f.text}{found or '(no detections), '}{times[1] / len(frames) * 1e3:.1f}ms")
+            summary.add(f.path, det[:, 5].tolist(), sum(times) / len(frames), f.mode != "image")
 
     video.release()
     summary.finish(source)
-    report(dt, seen, imgsz, save_dir, save_txt, nosave)
+    report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir, save_txt, nosave)
     return save_dir
 
 
-def write_outputs(det, im0, path, frame, cap, mode, save_dir, video, names, outputs: dict) -> None:
+def write_outputs(det, im0, path, frame, fps, mode, save_dir, video, names, outputs: dict) -> None:
     """Labels, CSV rows, crops, the annotated image or video frame for one source frame, as ``outputs`` asks."""
     save_path, label_stem = save_path_for(save_dir, path, mode, frame)
     if outputs["save_txt"]:
@@ -265,7 +306,7 @@ def write_outputs(det, im0, path, frame, cap, mode, save_dir, video, names, outp
         if mode == "image":
             cv2.imwrite(str(save_path), annotated)
         else:
-            video.write(save_path, annotated, cap)
+            video.write(save_path, annotated, fps)
 
 
 def append_csv(file, path, frame, det, names):
@@ -280,21 +321,21 @@ def append_csv(file, path, frame, det, names):
                              *(f"{v:.1f}" for v in xyxy)])
 
 
-def report(dt, seen, imgsz, save_dir, save_txt, nosave):
+def report(dt, seen, shape, save_dir, save_txt, nosave):
     """Log per-image speed and where results went."""
     if seen == 0:
         LOGGER.warning("no frames were read from --source")
         return
     per_image = tuple(x / seen * 1e3 for x in dt)
     LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
-                f"{(1, 3, *imgsz)}" % per_image)
+                f"{shape}" % per_image)
     if save_txt or not nosave:
         n_labels = len(list(save_dir.glob("labels/*.txt")))
         labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
 
 
-DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness"))
+DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness", "batch_size"))
 
 
 def parse_opt(argv=None):
@@ -321,6 +362,8 @@ def parse_opt(argv=None):
     parser.add_argument("--hide-conf", action="store_true", help="hide confidences")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride")
+    parser.add_argument("--batch-size", type=int, default=8,
+                        help="images or video frames per forward pass (a webcam always runs one at a time)")
     add_slice_arguments(parser)
     opt = check_options(parser.parse_args(argv), DETECT_RULES)
     if len(opt.imgsz) > 2:

@@ -77,9 +77,21 @@ class Side:
         self.create_dataloader = mod("utils.dataloaders").create_dataloader
         self.val, self.detect = mod("val"), mod("detect")
         if name != "ours":
+            import numpy
+
+            if not hasattr(numpy, "trapz"):  # upstream 7.0 integrates AP with np.trapz, gone in numpy 2.4
+                numpy.trapz = numpy.trapezoid
             for module in (mod("models.common"), mod("utils.downloads")):
                 if hasattr(module, "attempt_download_from_hub"):  # the PyPI build asks the Hugging Face hub first
                     module.attempt_download_from_hub = lambda *args, **kwargs: None
+
+    def inference_model(self, model):
+        """The fused model as this side's val.py/detect.py would run it from a weights file."""
+        if self.name != "ours":
+            return model
+        from models.backends import PyTorchBackend
+
+        return PyTorchBackend(model)
 
     def model(self, nc, weights=None):
         """yolov5n with ``nc`` classes, seed-0 init or the given state dict (strict)."""
@@ -104,9 +116,13 @@ def peak_rss_mb():
 
 def task_train(side, cfg):
     """Images/s over ``cfg['train_batches']`` training steps after two warm-up steps (data included)."""
+    import torch
+
     model = side.model(cfg["nc"])
     model.hyp, model.nc, model.names = dict(HYP), cfg["nc"], cfg["names"]
     model.train()
+    layout = torch.channels_last if side.name == "ours" else torch.contiguous_format  # as each train.py runs
+    model.to(memory_format=layout)
     compute_loss = side.ComputeLoss(model)
     optimizer = side.smart_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
     ema = side.ModelEMA(model)
@@ -116,7 +132,7 @@ def task_train(side, cfg):
         for imgs, targets, _, _ in loader:
             if steps == 2:
                 start, seen = time.perf_counter(), 0
-            loss, _ = compute_loss(model(imgs.float() / 255), targets)
+            loss, _ = compute_loss(model((imgs.float() / 255).contiguous(memory_format=layout)), targets)
             loss.backward()
             steps, seen = steps + 1, seen + len(imgs)
             if steps % cfg["accumulate"] == 0:
@@ -132,7 +148,7 @@ def task_val(side, cfg):
     """Images/s of one ``val.run`` on the fused shared weights (loader creation included)."""
     model = side.model(cfg["nc"], cfg["weights"]).eval()
     model.names = dict(enumerate(cfg["names"])) if side.name != "ours" else list(cfg["names"])
-    model.fuse()
+    model = side.inference_model(model.fuse())
     data = {"nc": cfg["nc"], "names": cfg["names"], "val": cfg["val"], "train": cfg["train"], "path": cfg["root"]}
     start = time.perf_counter()
     if side.name == "ours":
@@ -156,7 +172,7 @@ def task_detect(side, cfg):
     if side.name == "ours":
         model.names = list(cfg["names"])
         start = time.perf_counter()
-        side.detect.run(weights=None, model=model.fuse(), **kwargs)
+        side.detect.run(weights=None, model=side.inference_model(model.fuse()), **kwargs)
     else:
         # upstream loads whole pickled models; this file is the one written just above
         model.names = dict(enumerate(cfg["names"]))

@@ -241,10 +241,66 @@ def test_detect_labels_without_conf_classes_filter_and_nosave(trained, tmp_path)
     assert {int(parts[0]) for parts in lines} == {kept}
 
 
+def _labels(folder):
+    """{label file name: rows as float arrays} of a detect run's labels/ folder."""
+    return {f.name: np.loadtxt(f, ndmin=2) for f in sorted((folder / "labels").glob("*.txt"))}
+
+
+def test_detect_batches_give_the_same_detections_as_one_at_a_time(trained, tmp_path):
+    _, weights = trained
+    source = tmp_path / "media"
+    source.mkdir()
+    rng = np.random.default_rng(1)
+    for i, shape in enumerate([(64, 64), (64, 64), (48, 64), (64, 64), (64, 64), (64, 64)]):
+        cv2.imwrite(str(source / f"{i}.png"), rng.integers(0, 255, (*shape, 3), dtype=np.uint8))
+    runs = {}
+    for batch in (1, 3):
+        runs[batch] = _labels(detect.run(str(weights), str(source), imgsz=(64,), device="cpu", save_txt=True,
+                                         save_conf=True, nosave=True, project=tmp_path, name=f"b{batch}",
+                                         batch_size=batch, max_det=20))
+    assert list(runs[1]) == [f"{i}.txt" for i in range(6)]
+    assert list(runs[3]) == list(runs[1])
+    for name, rows in runs[1].items():
+        batched = runs[3][name]
+        assert rows.shape == batched.shape and len(rows), name
+        assert np.array_equal(rows[:, 0], batched[:, 0]), f"{name}: classes differ"
+        assert np.abs(rows[:, 1:5] - batched[:, 1:5]).max() * 64 <= 1.0, f"{name}: boxes differ by > 1 px"
+        assert np.allclose(rows[:, 5], batched[:, 5], atol=1e-4), f"{name}: confidences differ"
+
+
+def test_frame_batches_group_consecutive_frames_of_one_shape():
+    shapes = [(3, 64, 64)] * 4 + [(3, 48, 64)] + [(3, 64, 64)] * 2
+
+    class Source:
+        mode, frame = "image", 0
+
+        def __iter__(self):
+            for i, shape in enumerate(shapes):
+                yield f"{i}.jpg", np.zeros(shape, np.uint8), np.zeros((1, 1, 3), np.uint8), None, f"image {i}: "
+
+    batches = list(detect.frame_batches(Source(), 3))
+    assert [[f.path for f in b] for b in batches] == [["0.jpg", "1.jpg", "2.jpg"], ["3.jpg"], ["4.jpg"],
+                                                      ["5.jpg", "6.jpg"]]
+    assert all(f.fps == 0 and f.frame == 0 for b in batches for f in b)
+
+
+def test_pytorch_backend_runs_channels_last_with_the_same_predictions(trained):
+    from models.backends import load_backend
+
+    _, weights = trained
+    backend = load_backend(weights, device="cpu")
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in backend.parameters() if p.dim() == 4)
+    plain = attempt_load(weights, device="cpu")
+    im = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(backend(im)[0], plain(im)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--source", "99"], "no camera with index 99"),
     (["--source", "does/not/exist.jpg"], "does not exist"),
     (["--source", "{media}", "--data", "{bad_data}"], "must list 4 class names"),
+    (["--source", "{media}", "--batch-size", "0"], "--batch-size 0"),
 ])
 def test_detect_user_errors_exit_with_one_line(trained, tmp_path, capsys, args, message):
     _, weights = trained
