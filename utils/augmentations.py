@@ -194,12 +194,12 @@ def _source_crop(im, size, first, count):
     return im[v0:v1, u0:u1], (u0, v0)
 
 
-def _warp_tile(out, im, size, rect, first, M, perspective, lut=None):
+def _warp_tile(out, im, size, rect, first, M, perspective):
     """Draw ``im`` resized to ``size`` (h, w) and placed at canvas ``rect`` straight into ``out`` through ``M``.
 
     ``first`` (x, y) is the tile's first used resized pixel (tiles are cut at the canvas edge). One
     interpolation from the original pixels; only the output rectangle the tile covers is visited.
-    A one-pixel replicated border keeps tile seams free of gaps. ``lut`` (HSV) colours the source crop.
+    A one-pixel replicated border keeps tile seams free of gaps.
     """
     x1a, y1a, x2a, y2a = rect
     if x2a <= x1a or y2a <= y1a:
@@ -214,8 +214,6 @@ def _warp_tile(out, im, size, rect, first, M, perspective, lut=None):
     if x1 <= x0 or y1 <= y0:
         return
     crop, (u0, v0) = _source_crop(im, size, first, (x2a - x1a, y2a - y1a))
-    if lut is not None:
-        crop = apply_hsv(crop, lut)
     src = cv2.copyMakeBorder(crop, 1, 1, 1, 1, cv2.BORDER_REPLICATE)
     rx, ry = size[1] / im.shape[1], size[0] / im.shape[0]
     # padded crop pixel -> original pixel -> resized tile pixel (cv2.resize's centre alignment) -> canvas
@@ -234,15 +232,13 @@ def _warp_tile(out, im, size, rect, first, M, perspective, lut=None):
 
 
 def mosaic(images, sizes, labels, img_size, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
-           perspective=0.0, lut=None, fill=PAD_COLOUR[0]):
+           perspective=0.0, fill=PAD_COLOUR[0]):
     """YOLOv5's 4-image mosaic followed by :func:`random_perspective`, rendered in one pass.
 
     The four images, resized to ``sizes`` (h, w) (long side ``img_size``), are tiled around a random
     centre on a virtual (2 * img_size)^2 canvas that is warped to img_size^2 with a mosaic border of
     ``-img_size // 2``. Instead of building the canvas, each original image is warped once, straight
     into its part of the output: same geometry, one interpolation, a fraction of the pixel work.
-    An HSV ``lut`` (:func:`hsv_lut`) is applied to the few source pixels actually used (and to the
-    fill colour) rather than to the whole output, the same colour change for much less work.
     ``images``: four HWC uint8 originals; ``labels``: four (n_i, 5) ``[cls, x1, y1, x2, y2]`` in
     pixels of the resized images; ``fill`` is the grey level outside the canvas.
     Returns ``(image (s, s, c) uint8, labels (n, 5) xyxy pixels)``.
@@ -252,12 +248,10 @@ def mosaic(images, sizes, labels, img_size, rng, degrees=0.0, translate=0.1, sca
     yc, xc = (int(v) for v in rng.uniform(s // 2, canvas - s // 2, size=2))
     placements = [_tile_placement(i, xc, yc, size[1], size[0], canvas) for i, size in enumerate(sizes)]
     M, gain = _perspective_matrix(rng, s, s, (canvas, canvas), degrees, translate, scale, shear, perspective)
-    if lut is not None:  # grey stays grey under the HSV table (zero saturation), only its value changes
-        fill = int(apply_hsv(np.full((1, 1, 3), fill, dtype=np.uint8), lut)[0, 0, 0])
     out = np.full((s, s, images[0].shape[2]), fill, dtype=np.uint8)
     canvas_labels = []
     for im, size, lb, (rect, (x1b, y1b)) in zip(images, sizes, labels, placements):
-        _warp_tile(out, im, size, rect, (x1b, y1b), M, perspective, lut)
+        _warp_tile(out, im, size, rect, (x1b, y1b), M, perspective)
         shifted = lb.astype(np.float64, copy=True)
         shifted[:, [1, 3]] += rect[0] - x1b
         shifted[:, [2, 4]] += rect[1] - y1b

@@ -133,11 +133,8 @@ class LoadImagesAndLabels(Dataset):
         lb[:, 1:] = xywhn2xyxy(lb[:, 1:], w, h, padw, padh)
         return lb
 
-    def _load_mosaic(self, index, rng, lut):
-        """Image ``index`` and three random partners as a perspective-warped img_size^2 mosaic -> (img, labels).
-
-        ``lut`` is the sample's HSV table (or None), applied inside the mosaic where it is cheapest.
-        """
+    def _load_mosaic(self, index, rng):
+        """Image ``index`` and three random partners as a perspective-warped img_size^2 mosaic -> (img, labels)."""
         hyp = self.hyp
         images, sizes, labels = [], [], []
         for i in [index, *rng.integers(0, self.n, size=3).tolist()]:
@@ -146,7 +143,7 @@ class LoadImagesAndLabels(Dataset):
             sizes.append((h, w))
             labels.append(self._pixel_labels(i, w, h))
         return mosaic(images, sizes, labels, self.img_size, rng, degrees=hyp["degrees"], translate=hyp["translate"],
-                      scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"], lut=lut)
+                      scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"])
 
     def _load_letterboxed(self, index, rng):
         """Image ``index`` letterboxed to its batch shape (rect) or img_size; warped when augmenting."""
@@ -187,14 +184,14 @@ class LoadImagesAndLabels(Dataset):
         hyp = self.hyp
         use_mosaic = self.mosaic and rng.random() < hyp["mosaic"]
         lut = hsv_lut(rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
-        if not use_mosaic:
+        if use_mosaic:
+            img, labels = self._load_mosaic(index, rng)
+            if rng.random() < hyp["mixup"]:
+                img, labels = mixup(img, labels, *self._load_mosaic(int(rng.integers(0, self.n)), rng), rng)
+        else:
             img, labels, _ = self._load_letterboxed(index, rng)
-            if lut is not None:
-                apply_hsv(img, lut, dst=img)
-            return img, labels
-        img, labels = self._load_mosaic(index, rng, lut)
-        if rng.random() < hyp["mixup"]:
-            img, labels = mixup(img, labels, *self._load_mosaic(int(rng.integers(0, self.n)), rng, lut), rng)
+        if lut is not None:  # once on the output, as YOLOv5 does: fewer pixels than the sources it came from
+            apply_hsv(img, lut, dst=img)
         return img, labels
 
     def __getitem__(self, key):
