@@ -57,7 +57,8 @@ from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.op_audit import audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
                                configure_determinism, cuda_rng_state, de_parallel, intersect_dicts,
-                               prepare_cuda_environment, select_device, set_rng_state, smart_optimizer)
+                               optimizer_step, prepare_cuda_environment, select_device, set_rng_state,
+                               smart_optimizer)
 
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
@@ -378,6 +379,7 @@ class TrainLoop:
         self.hyp = scale_loss_gains(hyp, model.model[-1].nl, ctx.nc, ctx.imgsz)
         model.hyp = self.hyp
         self.grid_size = max(int(model.stride.max()), 32)
+        self.progress_every = 10 if self.device.type == "cuda" else 1  # the text reads losses: waits for the GPU
         self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step = 0, 0, 0.0, -1
         self.mloss = torch.zeros(3, device=self.device)
         self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
@@ -464,7 +466,7 @@ class TrainLoop:
             loss_items = self.train_step(imgs, targets, epoch, i, nb)
             self.mloss = (self.mloss * i + loss_items) / (i + 1)
             if main:
-                self.show_progress(pbar, epoch, imgs, targets, paths, i)
+                self.show_progress(pbar, epoch, imgs, targets, paths, i, nb)
             interval_save = main and ctx.saver.interval_due() and not self.opt.nosave
             self.interrupted, save_now = any_rank_flags([interrupt.requested, interval_save], self.dist)
             if i + 1 < nb and (self.interrupted or save_now):
@@ -475,11 +477,12 @@ class TrainLoop:
                     return False
         return True
 
-    def show_progress(self, pbar, epoch: int, imgs, targets, paths, i: int) -> None:
-        """Progress bar text, and the first three training batches drawn in epoch 0."""
-        memory = f"{torch.cuda.memory_reserved() / 1e9 if torch.cuda.is_available() else 0:.3g}G"
-        pbar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
-            f"{epoch}/{self.opt.epochs - 1}", memory, *self.mloss, targets.shape[0], imgs.shape[-1]))
+    def show_progress(self, pbar, epoch: int, imgs, targets, paths, i: int, nb: int) -> None:
+        """Progress text every ``progress_every`` batches and at the last; epoch 0's first 3 batches drawn."""
+        if i % self.progress_every == 0 or i + 1 == nb:
+            memory = f"{torch.cuda.memory_reserved() / 1e9 if torch.cuda.is_available() else 0:.3g}G"
+            pbar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
+                f"{epoch}/{self.opt.epochs - 1}", memory, *self.mloss, targets.shape[0], imgs.shape[-1]))
         if self.ctx.plots and epoch == 0 and i < 3:
             plot_images(imgs, targets, paths, self.ctx.save_dir / f"train_batch{i}.jpg", self.ctx.names)
 
@@ -495,7 +498,7 @@ class TrainLoop:
             imgs = random_rescale(imgs, self.ctx.imgsz, self.grid_size, self.opt.seed, epoch, i)
         with torch.autocast(self.device.type, enabled=self.amp):
             pred = self.model(imgs)
-            loss, loss_items = self.compute_loss(pred, targets.to(self.device))
+            loss, loss_items = self.compute_loss(pred, targets.to(self.device, non_blocking=True))
             if self.dist.enabled:
                 loss *= self.dist.world_size
             if self.opt.quad:
@@ -526,17 +529,6 @@ class TrainLoop:
         if not opt.nosave or final_epoch or stop or self.interrupted:
             ctx.saver.save_epoch(self.state((epoch + 1, 0), cuda_rng), epoch, improved)
         return results, stop
-
-
-def optimizer_step(model, optimizer, scaler, ema) -> None:
-    """Unscale, clip gradients at 10, step, update the scaler and the EMA."""
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad()
-    if ema:
-        ema.update(model)
 
 
 def finish_run(ctx: RunContext, final: tuple, results):

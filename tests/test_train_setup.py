@@ -1,8 +1,10 @@
 """train.main's set-up order: the environment determinism needs is in place before CUDA can start."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import train
 
@@ -33,3 +35,15 @@ def test_default_mode_is_scoped_and_off_must_be_asked_for():
     assert train.parse_opt([]).deterministic == "scoped"
     assert train.parse_opt(["--deterministic"]).deterministic == "scoped"
     assert train.parse_opt(["--deterministic", "off"]).deterministic == "off"
+
+
+def test_progress_text_is_refreshed_only_at_the_interval_and_the_last_batch():
+    descriptions = []
+    pbar = SimpleNamespace(set_description=descriptions.append)
+    loop = SimpleNamespace(progress_every=10, mloss=torch.tensor([0.1, 0.2, 0.3]), opt=SimpleNamespace(epochs=3),
+                           ctx=SimpleNamespace(plots=False))
+    imgs, targets = torch.zeros(2, 3, 64, 64), torch.zeros(5, 6)
+    for i in range(25):
+        train.TrainLoop.show_progress(loop, pbar, 1, imgs, targets, [], i, 25)
+    assert len(descriptions) == 4, "batches 0, 10, 20 and the last (24)"
+    assert "1/2" in descriptions[0] and "0.2" in descriptions[0]
