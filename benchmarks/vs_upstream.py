@@ -10,7 +10,11 @@ Training: each side's own Model, ComputeLoss, SGD ``smart_optimizer``, ModelEMA 
 loader, an optimizer step every ``--accumulate`` batches on both. Validation and detection: each
 side's own ``val.run`` / ``detect.run`` end to end, on one set of weights (ours, random init seed 0,
 or ``--weights``, a state dict or project checkpoint) loaded into both networks, fused; the table
-also shows both mAP50-95 values, which must agree. Loader: one pass over the augmenting loader.
+also shows both mAP50-95 values. They differ by design while detections and matches agree: ours is
+pycocotools' AP (the precision envelope read at 101 recall points, 0 past the highest recall
+reached), upstream's ``compute_ap`` draws a line from the last point to (recall 1, precision 0)
+and integrates it with the trapezoid rule, which reads higher when recall stays low and gives a
+perfect detector 0.995. Loader: one pass over the augmenting loader.
 Every measurement is a fresh process; the sides alternate (ours, upstream) ``--pairs`` times and
 the table gives the median of the per-pair ratios and each process's peak RSS (workers counted
 apart). A benchmark, not a test: run it on an idle machine. Exits 0 with a message when no
