@@ -14,6 +14,7 @@ import json
 import sys
 from copy import deepcopy
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -233,18 +234,11 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap, no_full_pass,
         slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
         agnostic=single_cls, multi_label=True)
-    dt, loss = [0.0, 0.0, 0.0], torch.zeros(3, device=device)
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, agnostic=single_cls,
                        max_det=max_det)
-    for batch_i, (im, targets, paths, shapes) in enumerate(tqdm(dataloader, desc=TABLE_HEADER,
-                                                                bar_format="{l_bar}{bar:10}{r_bar}")):
-        im, targets, preds, times, loss_items = _predict_batch(
-            model, slicer, im.to(device, non_blocking=True), targets.to(device), paths, shapes, half, augment,
-            compute_loss, save_hybrid, nms_options)
-        dt, loss = [total + t for total, t in zip(dt, times)], loss if loss_items is None else loss + loss_items
-        record.add_batch(preds, targets, im.shape[2:], paths, shapes)
-        if plots and batch_i < 3:
-            _plot_batch(im, targets, preds, paths, save_dir / f"val_batch{batch_i}", names)
+    predict = partial(_predict_batch, model, slicer, half=half, augment=augment, compute_loss=compute_loss,
+                      save_hybrid=save_hybrid, nms_options=nms_options)
+    dt, loss = _validate_batches(dataloader, predict, device, record, save_dir if plots else None, names)
     seen = len(record.stats)
     mp, mr, map50, map_, maps = _summarise(record.stats, nc, names, seen, plots, save_dir,
                                            verbose or (nc < 50 and not training), training)
@@ -263,6 +257,24 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
     results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
     return (results, maps, times, bands) if size_bands else (results, maps, times)
+
+
+def _validate_batches(dataloader, predict, device, record, plot_dir, names):
+    """Every batch through ``predict`` into ``record`` (first three drawn into ``plot_dir`` unless None).
+
+    Returns (seconds per stage summed over batches [3], validation losses summed (3,)).
+    """
+    dt, loss = [0.0, 0.0, 0.0], torch.zeros(3, device=device)
+    for batch_i, (im, targets, paths, shapes) in enumerate(tqdm(dataloader, desc=TABLE_HEADER,
+                                                                bar_format="{l_bar}{bar:10}{r_bar}")):
+        im, targets, preds, times, loss_items = predict(im.to(device, non_blocking=True),
+                                                        targets.to(device, non_blocking=True), paths, shapes)
+        dt = [total + t for total, t in zip(dt, times)]
+        loss = loss if loss_items is None else loss + loss_items
+        record.add_batch(preds, targets, im.shape[2:], paths, shapes)
+        if plot_dir is not None and batch_i < 3:
+            _plot_batch(im, targets, preds, paths, plot_dir / f"val_batch{batch_i}", names)
+    return dt, loss
 
 
 def _plot_batch(im, targets, preds, paths, stem: Path, names) -> None:
