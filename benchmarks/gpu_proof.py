@@ -42,7 +42,7 @@ for _path in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 import proof_modules  # noqa: E402  (registers the SCAM variants in this process too)
-from harness import HYP, time_fixed_batch  # noqa: E402
+from harness import HYP, peak_rss_gib, time_fixed_batch  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from proof_ops import CASES, TORCH_ALERT, battery_case, control_off, control_strict, run_audit  # noqa: E402
 from proof_report import Proof, info, skip, verdict  # noqa: E402
@@ -260,10 +260,15 @@ def timing_section(proof: Proof, plan: Plan, device: torch.device, data_yaml: Pa
         base = {}
         for mode in MODES:
             def measure(mode=mode, cfg=cfg, imgsz=imgsz, batch=batch):
+                cuda = device.type == "cuda"
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
                 seconds = time_fixed_batch(cfg, imgsz, batch, mode, device, data_yaml, plan.warmup, plan.batches)
+                peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else peak_rss_gib()
                 base.setdefault("off", seconds)
                 return info(f"{seconds * 1000:.1f} ms/batch, {batch / seconds:.1f} img/s, "
-                            f"x{seconds / base['off']:.3f} vs off", seconds=seconds, images_per_s=batch / seconds)
+                            f"x{seconds / base['off']:.3f} vs off, peak {'allocated' if cuda else 'RSS'} "
+                            f"{peak_gib:.2f} GiB", seconds=seconds, images_per_s=batch / seconds, peak_gib=peak_gib)
             proof.check("timing", f"{cfg.stem} {imgsz}px batch {batch}: {mode}", measure)
 
 
