@@ -9,8 +9,8 @@ and rotation. Layout: ``<root>/images/{train,val}/*.jpg`` and ``<root>/labels/{t
 
 Large images with tiny objects (for sliced inference and sliced training data, docs/small-objects.md):
 
-    python data/scripts/make_shapes.py --root datasets/shapes_large --n-train 32 --n-val 8 \
-        --img-size 1536 --min-side 6 --max-side 16 --objects 40 80
+    python data/scripts/make_shapes.py --root datasets/shapes_large --n-train 24 --n-val 8 \
+        --img-size 1024 --min-side 6 --max-side 16 --objects 30 60
 """
 
 import argparse
