@@ -292,14 +292,14 @@ def _predict_batch(model, slicer, im, targets, paths, shapes, half, augment, com
     t1 = time_sync()
     if slicer is None:
         preds, train_out = tta_forward(model, im) if augment else model(im)
+    else:  # tiles, full pass and merge count as inference (as in detect.py), mapped into letterboxed pixels
+        preds = [to_letterbox(slicer.predict_file(p), s[1]).to(im.device) for p, s in zip(paths, shapes)]
     t2 = time_sync()
     loss_items = compute_loss(train_out, targets)[1] if compute_loss else None
     targets[:, 2:] *= torch.tensor((width, height, width, height), device=targets.device)
     hybrid = [targets[targets[:, 0] == i, 1:] for i in range(nb)] if save_hybrid else []
     if slicer is None:
         preds = non_max_suppression(preds, labels=hybrid, **nms_options)
-    else:  # sliced predictions, mapped into this batch's letterboxed pixels like the unsliced ones
-        preds = [to_letterbox(slicer.predict_file(p), s[1]).to(im.device) for p, s in zip(paths, shapes)]
     t3 = time_sync()
     return im, targets, preds, (t1 - t0, t2 - t1, t3 - t2), loss_items
 

@@ -2,6 +2,7 @@
 
     python benchmarks/compile_trial.py                                   # yolov5n, 256 px, batch 16
     python benchmarks/compile_trial.py --cfg models/ffca-yolo-n.yaml --steps 20
+    python benchmarks/compile_trial.py --profile-only                    # where the eager step's time goes
 
 One training step = forward, ComputeLoss, backward and an SGD step on a fixed random batch with
 fixed targets (no data loading, so only the model's share of a step is compared). Eager and
@@ -64,6 +65,20 @@ def run(cfg, images, targets, steps, compile_model):
     return times, digest.hexdigest()[:16]
 
 
+def profile_eager(cfg, images, targets, steps=3, rows=8):
+    """Print the ``rows`` aten ops with the most self CPU time over ``steps`` eager steps (after 2 warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run(cfg, images, targets, 2, compile_model=False)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run(cfg, images, targets, steps, compile_model=False)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print("| op | share of self CPU time |\n| --- | --- |")
+    for event in events[:rows]:
+        print(f"| {event.key} | {100 * event.self_cpu_time_total / total:.1f} % |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cfg", default=str(ROOT / "models" / "yolov5n.yaml"))
@@ -71,9 +86,12 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--profile-only", action="store_true", help="only the op profile of the eager step")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     images, targets = fixed_batch(args.batch_size, args.imgsz)
+    if args.profile_only:
+        return profile_eager(args.cfg, images, targets)
     rows = []
     for compile_model in (False, True):
         first, second = (run(args.cfg, images, targets, args.steps, compile_model) for _ in range(2))
