@@ -263,6 +263,8 @@ def test_fused_model_matches_unfused():
             fused = deepcopy(model).fuse()
             got, _ = fused(x)
         assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())
+        assert all(m.act.inplace for m in fused.modules() if isinstance(m, Conv) and isinstance(m.act, nn.SiLU))
+        assert not any(m.inplace for m in model.modules() if isinstance(m, nn.SiLU)), "only the fused copy"
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
