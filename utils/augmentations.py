@@ -209,8 +209,8 @@ def _warp_tile(out, im, size, rect, first, M, perspective):
     mapped = corners @ M.T
     mapped = mapped[:, :2] / mapped[:, 2:3]
     oh, ow = out.shape[:2]
-    x0, y0 = (int(np.clip(math.ceil(v), 0, lim)) for v, lim in zip(mapped.min(0), (ow, oh)))
-    x1, y1 = (int(np.clip(math.ceil(v), 0, lim)) for v, lim in zip(mapped.max(0), (ow, oh)))
+    x0, y0 = (min(max(math.ceil(v), 0), lim) for v, lim in zip(mapped.min(0).tolist(), (ow, oh)))
+    x1, y1 = (min(max(math.ceil(v), 0), lim) for v, lim in zip(mapped.max(0).tolist(), (ow, oh)))
     if x1 <= x0 or y1 <= y0:
         return
     crop, (u0, v0) = _source_crop(im, size, first, (x2a - x1a, y2a - y1a))
