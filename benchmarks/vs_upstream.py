@@ -1,6 +1,7 @@
 """This project against upstream YOLOv5 in one run: training, validation, detection and loader images/s.
 
-    pip install --no-deps --target /tmp/yolov5pkg yolov5==7.0.14     # once; never a project requirement
+    pip install --no-deps --target /tmp/yolov5pkg yolov5==7.0.14 psutil seaborn "setuptools<81" ultralytics
+                                                                      # once; never a project requirement
     python benchmarks/vs_upstream.py --upstream /tmp/yolov5pkg       # or an upstream checkout's folder
     python benchmarks/vs_upstream.py --upstream /tmp/yolov5pkg --pairs 5 --train-images 128 --val-images 64
 
