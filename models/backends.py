@@ -134,7 +134,7 @@ class OnnxBackend(_ExportedBackend):
 
     def _run(self, im: torch.Tensor) -> torch.Tensor:
         """``(bs, 3, h, w)`` -> float32 ``(bs, N, no)`` on the input's device (fed in the model's input dtype)."""
-        feed = im.detach().cpu().numpy().astype(self.input_dtype)
+        feed = im.detach().cpu().contiguous().numpy().astype(self.input_dtype)
         out = self.session.run(None, {self.input_name: feed})[0]
         return torch.from_numpy(out).float().to(im.device)
 

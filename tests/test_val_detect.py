@@ -284,6 +284,16 @@ def test_frame_batches_group_consecutive_frames_of_one_shape():
     assert all(f.fps == 0 and f.frame == 0 for b in batches for f in b)
 
 
+def test_auto_batch_size_batches_small_inputs_on_cpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert detect.auto_batch_size(cpu, [256, 256]) == 8
+    assert detect.auto_batch_size(cpu, [64, 64]) == 8, "capped at 8"
+    assert detect.auto_batch_size(cpu, [320, 320]) == 5
+    assert detect.auto_batch_size(cpu, [640, 640]) == 1
+    assert detect.auto_batch_size(cpu, [1280, 1280]) == 1
+    assert detect.auto_batch_size(cuda, [1280, 1280]) == 8
+
+
 def test_pytorch_backend_runs_channels_last_with_the_same_predictions(trained):
     from models.backends import load_backend
 
@@ -300,7 +310,7 @@ def test_pytorch_backend_runs_channels_last_with_the_same_predictions(trained):
     (["--source", "99"], "no camera with index 99"),
     (["--source", "does/not/exist.jpg"], "does not exist"),
     (["--source", "{media}", "--data", "{bad_data}"], "must list 4 class names"),
-    (["--source", "{media}", "--batch-size", "0"], "--batch-size 0"),
+    (["--source", "{media}", "--batch-size", "-1"], "--batch-size -1"),
 ])
 def test_detect_user_errors_exit_with_one_line(trained, tmp_path, capsys, args, message):
     _, weights = trained
