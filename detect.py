@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from models.backends import load_backend  # noqa: E402
+from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
 from models.experimental import tta_forward  # noqa: E402
 from utils.augmentations import letterbox  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
@@ -255,7 +255,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, batch_size=0):
     """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
 
-    ``model``: an already-loaded eval model to use as is (``weights`` and ``device`` are then ignored).
+    ``model``: an already-loaded eval model (``weights`` and ``device`` are then ignored); a plain
+    ``nn.Module`` is wrapped in ``PyTorchBackend``, which moves it to channels-last in place.
     ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``:
     consecutive images or video frames of one letterboxed shape run through the model together
     (0: :func:`auto_batch_size`).
@@ -266,6 +267,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     if model is None:
         device = select_device(device)
         model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx or .torchscript
+    elif not isinstance(model, InferenceBackend):
+        model = PyTorchBackend(model)  # a live model runs channels-last like a loaded checkpoint
     device = getattr(model, "device", None) or next(model.parameters()).device
     stride = int(model.stride.max())
     imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)

@@ -177,7 +177,7 @@ def task_detect(side, cfg):
     if side.name == "ours":
         model.names = list(cfg["names"])
         start = time.perf_counter()
-        side.detect.run(weights=None, model=side.inference_model(model.fuse()), **kwargs)
+        side.detect.run(weights=None, model=model.fuse(), **kwargs)
     else:
         # upstream loads whole pickled models; this file is the one written just above
         model.names = dict(enumerate(cfg["names"]))
