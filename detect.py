@@ -251,7 +251,7 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     if model is None:
         device = select_device(device)
-        model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx or .torchscript
+        model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx, .torchscript or *_openvino_model/
     device = getattr(model, "device", None) or next(model.parameters()).device
     stride = int(model.stride.max())
     imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)
