@@ -211,12 +211,12 @@ def check_options(opt, device):
         raise UserError(f"--batch-size {opt.batch_size}: must be a positive integer")
     if len(opt.imgsz) > 2 or min(opt.imgsz) < 1:
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
+    if opt.half and "openvino" in opt.include:
+        raise UserError("--half: OpenVINO export is fp32 only; drop --half or export openvino separately")
     if opt.half and device.type != "cuda":
         raise UserError("--half needs a CUDA --device (fp16 export is GPU only); drop --half for CPU")
     if opt.half and opt.dynamic:
         raise UserError("--half and --dynamic cannot be combined; choose one")
-    if opt.half and "openvino" in opt.include:
-        raise UserError("--half: OpenVINO export is fp32 only; drop --half or export openvino separately")
     check_packages(opt)
     return opt.imgsz * 2 if len(opt.imgsz) == 1 else opt.imgsz
 
