@@ -115,7 +115,8 @@ def relative_difference(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def openvino_save(onnx_data: bytes, meta: dict, folder: Path, stem: str) -> None:
-    """Convert serialised ONNX to OpenVINO IR with ``meta`` in its runtime info; write ``folder/stem.xml`` + ``.bin``."""
+    """Convert serialised ONNX to OpenVINO IR with ``meta`` in its runtime info; writes ``folder/stem.xml``
+    and ``folder/stem.bin``."""
     import openvino
 
     model = openvino.convert_model(io.BytesIO(onnx_data))
@@ -189,7 +190,10 @@ def export_one(fmt, weights, model, im, opt, meta):
 
 def check_packages(opt):
     """A UserError with the pip command when a package that the requested formats need is missing."""
-    needed = {module: pip for fmt in opt.include for module, pip in PACKAGES.get(fmt, ())}
+    needed = {}
+    for fmt in opt.include:
+        for module, pip in PACKAGES.get(fmt, ()):
+            needed.setdefault(module, pip)
     for module, pip in needed.items():
         try:
             importlib.import_module(module)
@@ -247,7 +251,7 @@ def parse_opt(argv=None):
     parser.add_argument("--batch-size", type=int, default=1, help="batch size of the exported graph")
     parser.add_argument("--include", nargs="+", default=["torchscript"], help=f"formats: {' '.join(FORMATS)}")
     parser.add_argument("--dynamic", action="store_true", help="any batch size and image size")
-    parser.add_argument("--simplify", action="store_true", help="ONNX (and OpenVINO, converted from it): simplify with onnxsim")
+    parser.add_argument("--simplify", action="store_true", help="ONNX (and OpenVINO, made from it): onnxsim")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     parser.add_argument("--half", action="store_true", help="FP16 export (CUDA --device only; not OpenVINO)")
     parser.add_argument("--device", default="cpu", help="cuda device, i.e. 0 or cpu")

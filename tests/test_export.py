@@ -1,4 +1,4 @@
-"""export.py: ONNX, TorchScript and OpenVINO models, their metadata and checks; exported models in val.py and detect.py."""
+"""export.py: ONNX, TorchScript and OpenVINO models: metadata, checks, use in val.py and detect.py."""
 
 import csv
 import json
