@@ -3,6 +3,7 @@
 import csv
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -98,8 +99,9 @@ def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch, fm
     monkeypatch.setattr(export, "relative_difference", lambda ref, out: 0.5)
     with pytest.raises(export.ExportCheckError, match="differ from PyTorch by 0.5"):
         export.run(pt, imgsz=[64], include=[fmt])
-    assert old.read_bytes() == b"previous export" and [p.name for p in old.parent.iterdir()] == [old.name]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.pt", previous.split("/")[0]])
+    assert old.read_bytes() == b"previous export"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == sorted(
+        {"m.pt", previous, str(Path(previous).parent)} - {"."})  # nothing added, nothing left behind
 
 
 def test_relative_difference_scales_boxes_not_scores():

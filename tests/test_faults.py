@@ -273,12 +273,12 @@ def test_replace_folder_swaps_whole_folders_and_restores_on_failure(tmp_path, mo
             (folder / name).write_bytes(data)
     real_replace = os.replace
 
-    def fail_into_dst(a, b):
-        if Path(b) == dst:
+    def fail_moving_src(a, b):
+        if Path(a) == src:
             raise OSError(errno.EXDEV, "cross-device link")
         real_replace(a, b)
 
-    monkeypatch.setattr(os, "replace", fail_into_dst)
+    monkeypatch.setattr(os, "replace", fail_moving_src)
     with pytest.raises(OSError):
         replace_folder(src, dst)
     assert folder_files(dst) == {"m.xml": b"old", "stale.bin": b"old"} and src.is_dir()
