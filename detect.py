@@ -266,7 +266,7 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     if model is None:
         device = select_device(device)
-        model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx or .torchscript
+        model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx, .torchscript or *_openvino_model/
     elif not isinstance(model, InferenceBackend):
         model = PyTorchBackend(model)  # a live model runs channels-last like a loaded checkpoint
     device = getattr(model, "device", None) or next(model.parameters()).device

@@ -1,19 +1,23 @@
-"""Export a trained checkpoint to ONNX and/or TorchScript, then check the written file (YOLOv5's flags).
+"""Export a trained checkpoint to ONNX, TorchScript and/or OpenVINO, then check the written model (YOLOv5's flags).
 
 Usage:
-    python export.py --weights runs/train/exp/weights/best.pt --include onnx torchscript --imgsz 640
+    python export.py --weights runs/train/exp/weights/best.pt --include onnx torchscript openvino --imgsz 640
     python export.py --weights best.pt --include onnx --dynamic          # any batch size and image size
 
-Each file is written beside the checkpoint (best.onnx, best.torchscript) with its metadata (strides,
-class names, image size) inside, then loaded again (ONNX through onnxruntime) and run on the same
-input as the PyTorch model; the largest difference is printed and an fp32 export whose outputs
-differ by more than 1e-4 relative to the output scale fails (exit code 1) and is not kept.
+Each model is written beside the checkpoint (best.onnx, best.torchscript, best_openvino_model/ holding
+best.xml + best.bin) with its metadata (strides, class names, image size) inside, then loaded again
+(ONNX through onnxruntime, OpenVINO through its CPU runtime) and run on the same input as the PyTorch
+model; the largest difference is printed and an fp32 export whose outputs differ by more than 1e-4
+relative to the output scale fails (exit code 1) and is not kept.
 """
 
 import argparse
+import functools
+import importlib
 import io
 import json
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -25,15 +29,18 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from models.backends import METADATA_KEYS, TORCHSCRIPT_METADATA, load_backend  # noqa: E402
+from models.backends import (METADATA_KEYS, OPENVINO_FOLDER, OPENVINO_METADATA,  # noqa: E402
+                             TORCHSCRIPT_METADATA, load_backend)
 from models.experimental import attempt_load  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.files import atomic_write_bytes  # noqa: E402
+from utils.files import atomic_write_bytes, replace_folder  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.ops import check_img_size  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
-FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript"}
+FORMATS = {"onnx": "{stem}.onnx", "torchscript": "{stem}.torchscript", "openvino": "{stem}" + OPENVINO_FOLDER}
+# (import name, pip command) per format; OpenVINO models are converted from the ONNX export
+PACKAGES = {"onnx": [("onnx", "onnx onnxruntime")], "openvino": [("onnx", "onnx"), ("openvino", "openvino")]}
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}  # largest difference / output scale
 
 
@@ -87,7 +94,6 @@ def onnx_bytes(model, im, opset, dynamic, simplify, meta) -> bytes:
 def torchscript_bytes(model, im, meta) -> bytes:
     """Serialised traced TorchScript of ``PredictionOnly(model)`` with ``meta`` as config.txt."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
         warnings.simplefilter("ignore")  # tracer notes and torch.jit's deprecation notice
         traced = torch.jit.trace(PredictionOnly(model).eval(), im, strict=False)
         buffer = io.BytesIO()
@@ -108,27 +114,96 @@ def relative_difference(ref: torch.Tensor, out: torch.Tensor) -> float:
     return max(float(diff[..., :4].max() / box_scale), float(diff[..., 4:].max()))
 
 
+def openvino_save(onnx_data: bytes, meta: dict, folder: Path, stem: str) -> None:
+    """Convert serialised ONNX to OpenVINO IR with ``meta`` in its runtime info; writes ``folder/stem.xml``
+    and ``folder/stem.bin``."""
+    import openvino
+
+    model = openvino.convert_model(io.BytesIO(onnx_data))
+    for key, value in meta.items():
+        model.set_rt_info(json.dumps(value), [OPENVINO_METADATA, key])
+    # save_model stores weights as fp16 unless told otherwise; the check and the contract are fp32
+    openvino.save_model(model, str(folder / f"{stem}.xml"), compress_to_fp16=False)
+
+
+def check_export(fmt, candidate, path, model, im, device):
+    """Load the written ``candidate`` (to become ``path``) as a backend, run it and ``model`` on ``im``,
+    print the largest relative difference; ExportCheckError above the tolerance of ``im``'s dtype."""
+    backend = load_backend(candidate, device=device)
+    with torch.no_grad():
+        ref = model(im)[0]
+        out = backend(im)[0]
+    difference = relative_difference(ref, out)
+    tolerance = TOLERANCE[im.dtype]
+    LOGGER.info(f"{colorstr(fmt + ':')} largest difference to PyTorch {difference:.3g} "
+                f"(relative to output scale; limit {tolerance:g})")
+    if not difference <= tolerance:
+        raise ExportCheckError(f"{fmt}: exported outputs differ from PyTorch by {difference:.3g} relative "
+                               f"(limit {tolerance:g}); {path} was not written")
+
+
 def write_and_check(fmt, data, path, model, im, device):
-    """Write ``data`` to a sibling temporary file, load it as a backend, compare with ``model`` on ``im``;
-    on success move it to ``path``, otherwise delete it and raise ExportCheckError."""
+    """Write ``data`` to a sibling temporary file, check it (:func:`check_export`); on success move it
+    to ``path``, otherwise delete it and raise ExportCheckError."""
     tmp = path.with_name(f".{path.stem}.check{path.suffix}")
     atomic_write_bytes(tmp, data)
     try:
-        backend = load_backend(tmp, device=device)
-        with torch.no_grad():
-            ref = model(im)[0]
-            out = backend(im)[0]
-        difference = relative_difference(ref, out)
-        tolerance = TOLERANCE[im.dtype]
-        LOGGER.info(f"{colorstr(fmt + ':')} largest difference to PyTorch {difference:.3g} "
-                    f"(relative to output scale; limit {tolerance:g})")
-        if not difference <= tolerance:
-            raise ExportCheckError(f"{fmt}: exported outputs differ from PyTorch by {difference:.3g} relative "
-                                   f"(limit {tolerance:g}); {path} was not written")
+        check_export(fmt, tmp, path, model, im, device)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     LOGGER.info(f"{colorstr(fmt + ':')} saved {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+def write_and_check_folder(fmt, write, path, model, im, device):
+    """Call ``write(folder)`` on a sibling temporary folder, check it; on success it replaces ``path``
+    (:func:`utils.files.replace_folder`), otherwise it is deleted and ExportCheckError raised."""
+    tmp = path.with_name(f".{path.name}.check")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        check_export(fmt, tmp, path, model, im, device)
+        replace_folder(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    LOGGER.info(f"{colorstr(fmt + ':')} saved {path}/ ({size / 1e6:.1f} MB)")
+
+
+def export_one(fmt, weights, model, im, opt, meta):
+    """Write and check one format; returns its path (a file, or the OpenVINO folder)."""
+    weights = Path(weights)
+    path = weights.with_name(FORMATS[fmt].format(stem=weights.stem))
+    LOGGER.info(f"\n{colorstr(fmt + ':')} exporting {weights} at {tuple(im.shape)} ...")
+    if fmt == "torchscript":
+        write_and_check(fmt, torchscript_bytes(model, im, meta), path, model, im, im.device)
+        return path
+    data = onnx_bytes(model, im, opt.opset, opt.dynamic, opt.simplify, meta)
+    if fmt == "onnx":
+        write_and_check(fmt, data, path, model, im, im.device)
+    else:
+        write = functools.partial(openvino_save, data, meta, stem=weights.stem)
+        write_and_check_folder(fmt, write, path, model, im, im.device)
+    return path
+
+
+def check_packages(opt):
+    """A UserError with the pip command when a package that the requested formats need is missing."""
+    needed = {}
+    for fmt in opt.include:
+        for module, pip in PACKAGES.get(fmt, ()):
+            needed.setdefault(module, pip)
+    for module, pip in needed.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise UserError(f"--include {' '.join(opt.include)} needs {module}; pip install {pip}") from None
+    if opt.simplify and "onnx" in needed:
+        try:
+            importlib.import_module("onnxsim")
+        except ImportError:
+            raise UserError("--simplify needs onnxsim; pip install onnxsim, or drop --simplify") from None
 
 
 def check_options(opt, device):
@@ -140,20 +215,13 @@ def check_options(opt, device):
         raise UserError(f"--batch-size {opt.batch_size}: must be a positive integer")
     if len(opt.imgsz) > 2 or min(opt.imgsz) < 1:
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
+    if opt.half and "openvino" in opt.include:
+        raise UserError("--half: OpenVINO export is fp32 only; drop --half or export openvino separately")
     if opt.half and device.type != "cuda":
         raise UserError("--half needs a CUDA --device (fp16 export is GPU only); drop --half for CPU")
     if opt.half and opt.dynamic:
         raise UserError("--half and --dynamic cannot be combined; choose one")
-    if opt.simplify and "onnx" in opt.include:
-        try:
-            import onnxsim  # noqa: F401
-        except ImportError:
-            raise UserError("--simplify needs onnxsim; pip install onnxsim, or drop --simplify") from None
-    if "onnx" in opt.include:
-        try:
-            import onnx  # noqa: F401
-        except ImportError:
-            raise UserError("--include onnx needs onnx and onnxruntime; pip install onnx onnxruntime") from None
+    check_packages(opt)
     return opt.imgsz * 2 if len(opt.imgsz) == 1 else opt.imgsz
 
 
@@ -161,7 +229,7 @@ def run(weights, imgsz=(640,), batch_size=1, include=("torchscript",), dynamic=F
         half=False, device=""):
     """Export ``weights`` to each format in ``include``; returns the written paths."""
     opt = argparse.Namespace(weights=weights, imgsz=list(imgsz), batch_size=batch_size, include=list(include),
-                             dynamic=dynamic, simplify=simplify, half=half)
+                             dynamic=dynamic, simplify=simplify, half=half, opset=opset)
     device = select_device(device)
     imgsz = check_options(opt, device)
     model = attempt_load(weights, device=device, fuse=True)
@@ -173,15 +241,7 @@ def run(weights, imgsz=(640,), batch_size=1, include=("torchscript",), dynamic=F
     with torch.no_grad():
         model(im)  # dry run
     meta = export_metadata(model, imgsz, batch_size, dynamic)
-    written = []
-    for fmt in dict.fromkeys(include):
-        path = Path(weights).with_suffix(FORMATS[fmt])
-        LOGGER.info(f"\n{colorstr(fmt + ':')} exporting {weights} at {tuple(im.shape)} ...")
-        data = (onnx_bytes(model, im, opset, dynamic, simplify, meta) if fmt == "onnx"
-                else torchscript_bytes(model, im, meta))
-        write_and_check(fmt, data, path, model, im, device)
-        written.append(path)
-    return written
+    return [export_one(fmt, weights, model, im, opt, meta) for fmt in dict.fromkeys(include)]
 
 
 def parse_opt(argv=None):
@@ -190,10 +250,10 @@ def parse_opt(argv=None):
     parser.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="image size h w")
     parser.add_argument("--batch-size", type=int, default=1, help="batch size of the exported graph")
     parser.add_argument("--include", nargs="+", default=["torchscript"], help=f"formats: {' '.join(FORMATS)}")
-    parser.add_argument("--dynamic", action="store_true", help="ONNX/TorchScript: any batch size and image size")
-    parser.add_argument("--simplify", action="store_true", help="ONNX: simplify with onnxsim")
+    parser.add_argument("--dynamic", action="store_true", help="any batch size and image size")
+    parser.add_argument("--simplify", action="store_true", help="ONNX (and OpenVINO, made from it): onnxsim")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
-    parser.add_argument("--half", action="store_true", help="FP16 export (CUDA --device only)")
+    parser.add_argument("--half", action="store_true", help="FP16 export (CUDA --device only; not OpenVINO)")
     parser.add_argument("--device", default="cpu", help="cuda device, i.e. 0 or cpu")
     return parser.parse_args(argv)
 

@@ -3,8 +3,9 @@
     detector = torch.hub.load("path/to/this/repo", "custom", path="best.pt", source="local")
     result = detector("image.jpg")          # Detections: boxes, scores, classes (original pixels)
 
-``path`` may be a .pt checkpoint, or an .onnx / .torchscript file written by export.py. Pretrained
-weights are not downloaded: train your own (train.py) or convert one (utils/convert_checkpoint.py).
+``path`` may be a .pt checkpoint, or an .onnx / .torchscript file or *_openvino_model folder written by
+export.py. Pretrained weights are not downloaded: train your own (train.py) or convert one
+(utils/convert_checkpoint.py).
 """
 
 dependencies = ["torch", "numpy", "cv2", "yaml"]

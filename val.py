@@ -157,8 +157,8 @@ def _model_device(model):
 
 
 def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls):
-    """Standalone validation: weights (.pt, .onnx, .torchscript) -> eval backend on ``device``, checked image
-    size, data dict."""
+    """Standalone validation: weights (.pt, .onnx, .torchscript, *_openvino_model) -> eval backend on
+    ``device``, checked image size, data dict."""
     device = select_device(device, batch_size=batch_size)
     model = load_backend(weights, device=device, fuse=True)
     imgsz = check_img_size(imgsz, stride=int(model.stride.max()))

@@ -1,10 +1,11 @@
-"""PyTorch vs ONNX Runtime inference time per image on CPU (batch 1, fp32, fused model, untrained weights).
+"""PyTorch vs ONNX Runtime vs OpenVINO inference time per image on CPU (batch 1, fp32, fused model, untrained weights).
 
 Usage: python benchmarks/bench_onnx.py [--imgsz 640] [--runs 20] [--threads 0] [--cfg models/yolov5n.yaml ...]
 
 Each model is built from its YAML, saved as a checkpoint in a temporary folder, exported with
-export.py (static shape, checked against PyTorch), then both are timed on the same input; the
-script prints the median milliseconds per image of each and their ratio.
+export.py to ONNX and OpenVINO (static shape, checked against PyTorch), then all three are timed on
+the same input; the script prints the median milliseconds per image of each and PyTorch's time
+divided by ONNX Runtime's.
 """
 
 import argparse
@@ -40,16 +41,15 @@ def median_ms(fn, im, warmup: int, runs: int) -> float:
     return statistics.median(times)
 
 
-def bench_one(cfg: str, imgsz: int, warmup: int, runs: int, folder: Path) -> tuple[float, float]:
-    """(PyTorch ms, ONNX Runtime ms) per image for model YAML ``cfg`` at ``imgsz``."""
+def bench_one(cfg: str, imgsz: int, warmup: int, runs: int, folder: Path) -> tuple[float, float, float]:
+    """(PyTorch ms, ONNX Runtime ms, OpenVINO ms) per image for model YAML ``cfg`` at ``imgsz``."""
     model = Model(ROOT / cfg)
     weights = folder / f"{Path(cfg).stem}.pt"
     save_checkpoint({"model_cfg": model.yaml, "nc": model.nc, "names": model.names, "model": model.state_dict(),
                      "ema": None}, weights)
-    (onnx_path,) = export.run(weights, imgsz=[imgsz], include=["onnx"])
+    exported = export.run(weights, imgsz=[imgsz], include=["onnx", "openvino"])
     im = torch.rand(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
-    return (median_ms(load_backend(weights), im, warmup, runs),
-            median_ms(load_backend(onnx_path), im, warmup, runs))
+    return tuple(median_ms(load_backend(path), im, warmup, runs) for path in (weights, *exported))
 
 
 def main(argv=None):
@@ -66,9 +66,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as folder:
         for cfg in opt.cfg:
             rows.append((cfg, *bench_one(cfg, opt.imgsz, opt.warmup, opt.runs, Path(folder))))
-    print(f"\n{'model':<28}{'PyTorch ms':>12}{'ONNX RT ms':>12}{'ratio':>8}   (CPU, batch 1, {opt.imgsz} px)")
-    for cfg, pt_ms, ort_ms in rows:
-        print(f"{cfg:<28}{pt_ms:>12.1f}{ort_ms:>12.1f}{pt_ms / ort_ms:>8.2f}")
+    print(f"\n{'model':<28}{'PyTorch ms':>12}{'ONNX RT ms':>12}{'ratio':>8}{'OpenVINO ms':>13}"
+          f"   (CPU, batch 1, {opt.imgsz} px)")
+    for cfg, pt_ms, ort_ms, ov_ms in rows:
+        print(f"{cfg:<28}{pt_ms:>12.1f}{ort_ms:>12.1f}{pt_ms / ort_ms:>8.2f}{ov_ms:>13.1f}")
 
 
 if __name__ == "__main__":

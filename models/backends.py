@@ -1,4 +1,4 @@
-"""One inference interface for every weights format: PyTorch checkpoints, ONNX and TorchScript.
+"""One inference interface for every weights format: PyTorch checkpoints, ONNX, TorchScript and OpenVINO.
 
 ``load_backend(weights, device)`` returns an :class:`InferenceBackend`, an ``nn.Module`` whose
 forward takes ``im`` ``(bs, 3, h, w)`` float in 0-1 and returns ``(pred, raw)``: ``pred``
@@ -8,7 +8,9 @@ backend exposes ``stride`` (float tensor), ``names`` (list of str), ``nc``, ``de
 (``(bs, h, w)`` of a static export, else None) and ``kind``.
 
 Exported files carry their own metadata (see :data:`METADATA_KEYS`): ONNX in the model's
-``metadata_props``, TorchScript in the archive's ``config.txt``; loading needs nothing else.
+``metadata_props``, TorchScript in the archive's ``config.txt``, OpenVINO in the model's runtime info
+under :data:`OPENVINO_METADATA`; loading needs nothing else. An OpenVINO model is a folder
+``NAME_openvino_model/`` holding ``NAME.xml`` and ``NAME.bin``; either the folder or the .xml may be given.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,8 +30,10 @@ from utils.logging import LOGGER
 
 METADATA_KEYS = ("stride", "names", "imgsz", "batch", "dynamic")
 TORCHSCRIPT_METADATA = "config.txt"
+OPENVINO_METADATA = "ffca_yolo"  # runtime-info section: rt_info[OPENVINO_METADATA][key] = json string
+OPENVINO_FOLDER = "_openvino_model"  # export.py writes best.pt -> best_openvino_model/best.xml
 PAD_VALUE = 114 / 255  # letterbox grey, so a padded static input looks like letterbox padding
-SUFFIXES = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
+SUFFIXES = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript", ".xml": "openvino"}
 
 
 def check_metadata(meta, path) -> dict:
@@ -166,12 +171,73 @@ class TorchScriptBackend(_ExportedBackend):
         return self.module(im)
 
 
+def openvino_xml(path) -> Path:
+    """The ``.xml`` of an OpenVINO model given as that file or as its folder (which must hold exactly one)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    found = sorted(path.glob("*.xml"))
+    if len(found) != 1:
+        raise UserError(f"{path}: expected one .xml OpenVINO model in this folder, found {len(found)}; "
+                        "re-export with python export.py --include openvino")
+    return found[0]
+
+
+def openvino_metadata(model) -> dict:
+    """The :data:`METADATA_KEYS` found in an ``openvino.Model``'s runtime info, JSON-decoded."""
+    meta = {}
+    for key in METADATA_KEYS:
+        if model.has_rt_info([OPENVINO_METADATA, key]):
+            try:
+                meta[key] = json.loads(model.get_rt_info([OPENVINO_METADATA, key]).astype(str))
+            except json.JSONDecodeError:
+                pass  # reported as missing by check_metadata
+    return meta
+
+
+class OpenVinoBackend(_ExportedBackend):
+    """An OpenVINO IR model (``NAME_openvino_model/NAME.xml`` + ``.bin``) run by OpenVINO on the CPU."""
+
+    kind = "openvino"
+
+    def __init__(self, path, device="cpu"):
+        try:
+            import openvino
+        except ImportError:
+            raise UserError(f"{path}: running OpenVINO models needs openvino; pip install openvino") from None
+        if torch.device(device).type != "cpu":
+            LOGGER.warning(f"{path}: OpenVINO models run on the CPU here; ignoring --device {device}")
+        core = openvino.Core()
+        xml = openvino_xml(path)
+        try:
+            model = core.read_model(str(xml))
+        except RuntimeError as e:
+            raise UserError(f"{xml}: OpenVINO cannot read this model ({str(e).splitlines()[0][:200]})") from None
+        meta = check_metadata(openvino_metadata(model), path)
+        fixed = None if meta["dynamic"] else (meta["batch"], *meta["imgsz"])
+        super().__init__(meta["stride"], meta["names"], "cpu", fixed)
+        # CPUs with bf16 units default to bf16 inference; exported models are checked and used at fp32
+        self.compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        self.imgsz = meta["imgsz"]
+
+    def _run(self, im: torch.Tensor) -> torch.Tensor:
+        """``(bs, 3, h, w)`` -> float32 ``(bs, N, no)`` on the input's device."""
+        out = self.compiled(np.ascontiguousarray(im.detach().cpu().numpy(), dtype=np.float32))[0]
+        return torch.from_numpy(out).float().to(im.device)
+
+
+EXPORTED_BACKENDS = {"onnx": OnnxBackend, "torchscript": TorchScriptBackend, "openvino": OpenVinoBackend}
+
+
 def weights_kind(path) -> str:
-    """``'pytorch'``, ``'onnx'`` or ``'torchscript'`` from the file suffix; anything else is a UserError."""
-    kind = SUFFIXES.get(Path(path).suffix.lower())
+    """``'pytorch'``, ``'onnx'``, ``'torchscript'`` or ``'openvino'`` (a folder or .xml); else a UserError."""
+    path = Path(path)
+    if path.is_dir() or path.name.endswith(OPENVINO_FOLDER):
+        return "openvino"
+    kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
-        raise UserError(f"--weights {path}: unknown weights format; use a .pt checkpoint, an .onnx or a "
-                        ".torchscript file written by export.py")
+        raise UserError(f"--weights {path}: unknown weights format; use a .pt checkpoint, or an .onnx file, "
+                        f".torchscript file or NAME{OPENVINO_FOLDER} folder written by export.py")
     return kind
 
 
@@ -187,8 +253,8 @@ def load_backend(weights, device=None, fuse=True) -> InferenceBackend:
     if len(paths) > 1:
         raise UserError(f"--weights {[str(p) for p in paths]}: only .pt checkpoints can form an ensemble")
     path = Path(paths[0])
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"--weights {path}: file not found")
-    backend = OnnxBackend(path, device) if kinds == {"onnx"} else TorchScriptBackend(path, device)
+    backend = EXPORTED_BACKENDS[kinds.pop()](path, device)
     LOGGER.info(f"Loaded {path} ({backend.kind}, {backend.nc} classes, strides {backend.stride.tolist()})")
     return backend

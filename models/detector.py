@@ -1,7 +1,7 @@
 """Python API: ``Detector("best.pt")(images)`` -> boxes, scores and classes in original-image pixels.
 
     from models import Detector
-    detector = Detector("runs/train/exp/weights/best.pt", conf=0.25)   # or best.onnx / best.torchscript
+    detector = Detector("runs/train/exp/weights/best.pt", conf=0.25)   # or best.onnx / best.torchscript / best_openvino_model
     result = detector("image.jpg")                                     # one image -> one Detections
     for det in detector([np_rgb_array, pil_image], iou=0.5):           # a list -> a list
         print(det.boxes, det.scores, det.classes, det.labels)
@@ -69,7 +69,7 @@ def to_rgb_array(image) -> np.ndarray:
 
 
 class Detector:
-    """Load weights once (.pt, .onnx, .torchscript), then call on images; see the module docstring.
+    """Load weights once (.pt, .onnx, .torchscript, *_openvino_model), then call on images; see the module docstring.
 
     ``conf``, ``iou``, ``max_det``, ``classes`` (list of class indices to keep) and ``agnostic``
     mean what detect.py's ``--conf-thres``, ``--iou-thres``, ``--max-det``, ``--classes`` and

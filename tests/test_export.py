@@ -1,16 +1,21 @@
-"""export.py: ONNX and TorchScript files, their metadata and checks; exported models in val.py and detect.py."""
+"""export.py: ONNX, TorchScript and OpenVINO models: metadata, checks, use in val.py and detect.py."""
 
 import csv
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
+import openvino
 import pytest
 import torch
 
 import detect
 import export
 import val
-from models.backends import OnnxBackend, PyTorchBackend, TorchScriptBackend, load_backend
+from models.backends import (OPENVINO_METADATA, OnnxBackend, OpenVinoBackend, PyTorchBackend, TorchScriptBackend,
+                             load_backend)
 from models.experimental import attempt_load
 from models.yolo import Model
 from utils.checkpoints import save_checkpoint
@@ -38,18 +43,29 @@ def tiny_pt(tmp_path_factory, tiny_cfg):
 
 @pytest.fixture(scope="module")
 def dynamic_exports(tiny_pt):
-    return export.run(tiny_pt, imgsz=[64], include=["onnx", "torchscript"], dynamic=True)
+    return export.run(tiny_pt, imgsz=[64], include=["onnx", "torchscript", "openvino"], dynamic=True)
+
+
+def openvino_rt_metadata(xml):
+    """{key: value} of the project's metadata section in an OpenVINO model's runtime info."""
+    model = openvino.Core().read_model(str(xml))
+    return {key: json.loads(model.get_rt_info([OPENVINO_METADATA, key]).astype(str)) for key in export.METADATA_KEYS}
 
 
 def test_export_writes_checked_files_with_metadata(dynamic_exports, tiny_pt):
-    onnx_path, ts_path = dynamic_exports
+    onnx_path, ts_path, ov_path = dynamic_exports
     assert onnx_path.suffix == ".onnx" and ts_path.suffix == ".torchscript"
     meta = {p.key: p.value for p in onnx.load(str(onnx_path)).metadata_props}
     assert meta["names"] == '["circle", "square", "triangle", "cross"]' and meta["dynamic"] == "true"
+    assert ov_path == tiny_pt.parent / "tiny_openvino_model" and ov_path.is_dir()
+    assert sorted(p.name for p in ov_path.iterdir()) == ["tiny.bin", "tiny.xml"]
+    ov_meta = openvino_rt_metadata(ov_path / "tiny.xml")
+    assert ov_meta["names"] == NAMES and ov_meta["dynamic"] is True and ov_meta["imgsz"] == [64, 64]
     model = attempt_load(tiny_pt)
     x = torch.rand(2, 3, 96, 64)  # another batch size and shape than the export's (1, 3, 64, 64)
     ref = model(x)[0]
-    for path, cls in ((onnx_path, OnnxBackend), (ts_path, TorchScriptBackend)):
+    for path, cls in ((onnx_path, OnnxBackend), (ts_path, TorchScriptBackend), (ov_path, OpenVinoBackend),
+                      (ov_path / "tiny.xml", OpenVinoBackend)):
         backend = load_backend(path)
         assert isinstance(backend, cls)
         assert backend.names == NAMES and backend.stride.tolist() == model.stride.tolist()
@@ -58,10 +74,11 @@ def test_export_writes_checked_files_with_metadata(dynamic_exports, tiny_pt):
         assert (out - ref).abs().max() < 1e-3
 
 
-def test_static_export_pads_smaller_inputs_and_rejects_larger(tiny_pt, tmp_path):
+@pytest.mark.parametrize("fmt", ["onnx", "openvino"])
+def test_static_export_pads_smaller_inputs_and_rejects_larger(tiny_pt, tmp_path, fmt):
     pt = tmp_path / "static.pt"
     pt.write_bytes(tiny_pt.read_bytes())
-    (path,) = export.run(pt, imgsz=[64], include=["onnx"], batch_size=2)
+    (path,) = export.run(pt, imgsz=[64], include=[fmt], batch_size=2)
     backend = load_backend(path)
     assert backend.fixed_shape == (2, 64, 64)
     x = torch.rand(3, 3, 64, 64)  # 3 images through a batch-2 graph: chunked and padded
@@ -72,16 +89,19 @@ def test_static_export_pads_smaller_inputs_and_rejects_larger(tiny_pt, tmp_path)
         backend(torch.rand(1, 3, 96, 64))
 
 
-def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt, previous", [("onnx", "m.onnx"), ("openvino", "m_openvino_model/m.xml")])
+def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch, fmt, previous):
     pt = tmp_path / "m.pt"
     pt.write_bytes(tiny_pt.read_bytes())
-    old = tmp_path / "m.onnx"
+    old = tmp_path / previous
+    old.parent.mkdir(exist_ok=True)
     old.write_bytes(b"previous export")
     monkeypatch.setattr(export, "relative_difference", lambda ref, out: 0.5)
     with pytest.raises(export.ExportCheckError, match="differ from PyTorch by 0.5"):
-        export.run(pt, imgsz=[64], include=["onnx"])
+        export.run(pt, imgsz=[64], include=[fmt])
     assert old.read_bytes() == b"previous export"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.pt"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == sorted(
+        {"m.pt", previous, str(Path(previous).parent)} - {"."})  # nothing added, nothing left behind
 
 
 def test_relative_difference_scales_boxes_not_scores():
@@ -100,6 +120,7 @@ def test_relative_difference_scales_boxes_not_scores():
     (["--half"], "--half needs a CUDA --device"),
     (["--imgsz", "0"], "--imgsz [0]"),
     (["--batch-size", "0"], "--batch-size 0"),
+    (["--include", "onnx", "openvino", "--half"], "--half: OpenVINO export is fp32 only"),
 ])
 def test_bad_flags_exit_2_with_one_line(tiny_pt, capsys, args, message):
     with pytest.raises(SystemExit) as e:
@@ -117,6 +138,47 @@ def test_unknown_weights_format_and_missing_file(tmp_path):
     bad.write_bytes(b"not onnx")
     with pytest.raises(UserError, match="onnxruntime cannot load"):
         load_backend(bad)
+    with pytest.raises(UserError, match="file not found"):
+        load_backend(tmp_path / "model_openvino_model")
+
+
+def one_line_user_error(fn, *args):
+    """The message of the UserError that ``fn(*args)`` raises, checked to be a single line."""
+    with pytest.raises(UserError) as e:
+        fn(*args)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_openvino_folder_without_model_unreadable_or_without_metadata(dynamic_exports, tmp_path):
+    folder = tmp_path / "empty_openvino_model"
+    folder.mkdir()
+    assert "expected one .xml OpenVINO model in this folder, found 0" in one_line_user_error(load_backend, folder)
+    (folder / "empty.xml").write_text("<net><layers>")
+    assert "OpenVINO cannot read this model" in one_line_user_error(load_backend, folder)
+    (folder / "other.xml").write_text("<net/>")
+    assert "found 2" in one_line_user_error(load_backend, folder)
+    plain = tmp_path / "plain_openvino_model"  # converted without export.py: no metadata in its runtime info
+    plain.mkdir()
+    export.openvino_save(dynamic_exports[0].read_bytes(), {}, plain, "plain")
+    assert "exported model has no ['stride'" in one_line_user_error(load_backend, plain)
+
+
+def test_missing_openvino_package_is_one_line(dynamic_exports, tiny_pt, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
+    message = one_line_user_error(load_backend, dynamic_exports[2])
+    assert "needs openvino; pip install openvino" in message
+    with pytest.raises(SystemExit) as e:
+        export.cli(["--weights", str(tiny_pt), "--include", "openvino"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err == "ERROR: --include openvino needs openvino; pip install openvino"
+
+
+def test_openvino_on_a_cuda_device_warns_and_runs_on_cpu(dynamic_exports, tiny_pt, log_lines):
+    backend = load_backend(dynamic_exports[2], device="cuda:0")
+    x = torch.rand(1, 3, 64, 64)
+    assert backend.device.type == "cpu" and (backend(x)[0] - attempt_load(tiny_pt)(x)[0]).abs().max() < 1e-3
+    assert any("OpenVINO models run on the CPU here" in line for line in log_lines)
 
 
 def saved_predictions(run_dir):
@@ -128,21 +190,21 @@ def saved_predictions(run_dir):
     return out
 
 
-def test_val_onnx_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_data, tmp_path):
+def test_val_exported_models_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_data, tmp_path):
     results, predictions = {}, {}
     for weights in (tiny_pt, *dynamic_exports):
         (mp, mr, map50, map_, *_), _, _ = val.run(shapes_data, weights=str(weights), batch_size=2, imgsz=64,
                                                    conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True, save_conf=True,
-                                                   project=tmp_path, name=weights.suffix)
-        results[weights.suffix] = (mp, mr, map50, map_)
-        predictions[weights.suffix] = saved_predictions(tmp_path / weights.suffix)
-    assert sum(map(len, predictions[".pt"].values())) > 50  # an untrained model's mAP is ~0, so the predictions are compared too
-    for suffix in (".onnx", ".torchscript"):
-        assert np.allclose(results[suffix], results[".pt"], atol=0.001)
-        assert predictions[suffix].keys() == predictions[".pt"].keys()
-        for name, ref in predictions[".pt"].items():
-            assert predictions[suffix][name].shape == ref.shape
-            assert np.abs(predictions[suffix][name][:, 5] - ref[:, 5]).max() < 1e-3
+                                                   project=tmp_path, name=weights.name)
+        results[weights.name] = (mp, mr, map50, map_)
+        predictions[weights.name] = saved_predictions(tmp_path / weights.name)
+    assert sum(map(len, predictions["tiny.pt"].values())) > 50  # an untrained model's mAP is ~0, so the predictions are compared too
+    for name in ("tiny.onnx", "tiny.torchscript", "tiny_openvino_model"):
+        assert np.allclose(results[name], results["tiny.pt"], atol=0.001), name
+        assert predictions[name].keys() == predictions["tiny.pt"].keys()
+        for image, ref in predictions["tiny.pt"].items():
+            assert predictions[name][image].shape == ref.shape, (name, image)
+            assert np.abs(predictions[name][image][:, 5] - ref[:, 5]).max() < 1e-3, (name, image)
 
 
 def read_csv_boxes(run_dir):
@@ -151,19 +213,21 @@ def read_csv_boxes(run_dir):
     return sorted((r["image"], int(r["class"]), *(float(r[k]) for k in ("x1", "y1", "x2", "y2"))) for r in rows)
 
 
-def test_detect_onnx_writes_the_same_boxes(dynamic_exports, tiny_pt, shapes_data, tmp_path):
+def test_detect_exported_models_write_the_same_boxes(dynamic_exports, tiny_pt, shapes_data, tmp_path):
     source = shapes_data.parent / "shapes" / "images" / "val"
     runs = {}
-    for weights in (tiny_pt, dynamic_exports[0]):
+    for weights in (tiny_pt, dynamic_exports[0], dynamic_exports[2]):
         run_dir = detect.run(str(weights), str(source), imgsz=64, conf_thres=0.1, iou_thres=1.0, max_det=1000, save_csv=True, nosave=True,
-                             project=tmp_path, name=weights.suffix)
-        runs[weights.suffix] = read_csv_boxes(run_dir)
-    assert len(runs[".pt"]) > 20 and len(runs[".pt"]) == len(runs[".onnx"])
+                             project=tmp_path, name=weights.name)
+        runs[weights.name] = read_csv_boxes(run_dir)
+    assert len(runs["tiny.pt"]) > 20
     # set-wise: an untrained head on flat backgrounds gives exactly tied boxes, so NMS is switched off
     # (--iou-thres 1) and the order of equal rows does not matter
-    for image, cls, *box in runs[".pt"]:
-        same = [b[2:] for b in runs[".onnx"] if b[:2] == (image, cls)]
-        assert same and np.abs(np.subtract(same, box)).max(1).min() <= 1.0
+    for name in ("tiny.onnx", "tiny_openvino_model"):
+        assert len(runs[name]) == len(runs["tiny.pt"]), name
+        for image, cls, *box in runs["tiny.pt"]:
+            same = [b[2:] for b in runs[name] if b[:2] == (image, cls)]
+            assert same and np.abs(np.subtract(same, box)).max(1).min() <= 1.0, (name, image)
 
 
 def test_pytorch_backend_keeps_checkpoint_metadata(tiny_pt):

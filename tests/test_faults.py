@@ -25,7 +25,7 @@ from tests.conftest import write_shapes_dataset
 from utils import checkpoints, run_state
 from utils.checkpoints import state_dict_sha256
 from utils.errors import UserError
-from utils.files import atomic_write_bytes, ensure_writable_dir, remove_orphaned_temp_files
+from utils.files import atomic_write_bytes, ensure_writable_dir, remove_orphaned_temp_files, replace_folder
 from utils.run_state import CheckpointNotSaved, CheckpointSaver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,6 +258,34 @@ def test_a_write_that_fails_halfway_leaves_the_previous_file_and_no_temp(tmp_pat
     assert not saver.save_last(fake_state((0, 2), 5.0))
     assert (tmp_path / "last.pt").read_bytes() == before and not list(tmp_path.glob(".*.tmp"))
     assert saver.last_position == (0, 1)
+
+
+def folder_files(folder):
+    """{relative path: bytes} of every file under ``folder``."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_replace_folder_swaps_whole_folders_and_restores_on_failure(tmp_path, monkeypatch):
+    dst, src = tmp_path / "m_openvino_model", tmp_path / ".new"
+    for folder, files in ((dst, {"m.xml": b"old", "stale.bin": b"old"}), (src, {"m.xml": b"new", "m.bin": b"new"})):
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+    real_replace = os.replace
+
+    def fail_moving_src(a, b):
+        if Path(a) == src:
+            raise OSError(errno.EXDEV, "cross-device link")
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", fail_moving_src)
+    with pytest.raises(OSError):
+        replace_folder(src, dst)
+    assert folder_files(dst) == {"m.xml": b"old", "stale.bin": b"old"} and src.is_dir()
+    monkeypatch.setattr(os, "replace", real_replace)
+    replace_folder(src, dst)
+    assert folder_files(dst) == {"m.bin": b"new", "m.xml": b"new"}  # no file of the old folder survives
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m_openvino_model"]
 
 
 def test_read_only_folder_on_a_tmpfs_keeps_training_honest(tmp_path, log_lines):

@@ -4,12 +4,14 @@ Atomic writes go to a temporary file beside the target (``.NAME.XXXX.tmp``), are
 then renamed over the target, so the target is always either the old or the new complete file.
 Writes in progress are registered, so a process that must exit at once (a second Ctrl-C) can
 abandon them cleanly with :func:`abandon_pending_writes` instead of leaving temporary files.
+A folder written in full beside its target is put in place with :func:`replace_folder`.
 """
 
 import contextlib
 import errno
 import os
 import re
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -148,6 +150,31 @@ def abandon_pending_writes() -> list:
             abandoned.append(target)
         _PENDING.clear()
     return abandoned
+
+
+def replace_folder(src, dst) -> None:
+    """Move the complete folder ``src`` to ``dst`` (same file system), replacing any ``dst``.
+
+    A directory cannot be renamed over a non-empty one, so an existing ``dst`` is first renamed to
+    ``.NAME.old`` beside it and deleted only once ``src`` is in place; if that move fails, it is
+    moved back. ``dst`` is therefore never a mix of old and new files.
+    """
+    src, dst = Path(src), Path(dst)
+    old = dst.with_name(f".{dst.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    had_old = dst.exists()
+    if had_old:
+        os.replace(dst, old)
+    try:
+        os.replace(src, dst)
+    except OSError:
+        if had_old:
+            os.replace(old, dst)
+        raise
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    elif had_old:
+        old.unlink(missing_ok=True)
 
 
 def remove_orphaned_temp_files(folder, target_suffix: str = ".pt") -> list:
