@@ -15,6 +15,7 @@ under :data:`OPENVINO_METADATA`; loading needs nothing else. An OpenVINO model i
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -195,19 +196,35 @@ def openvino_metadata(model) -> dict:
     return meta
 
 
+def openvino_installed() -> bool:
+    """Whether ``import openvino`` works (it is checked before the cached runtime below is used)."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def openvino_core():
+    """The process's one OpenVINO runtime, kept for the process's lifetime: freeing runtimes (and the
+    device plugins they load) in the middle of a long process crashed it (a segfault, tests)."""
+    import openvino
+
+    return openvino.Core()
+
+
 class OpenVinoBackend(_ExportedBackend):
     """An OpenVINO IR model (``NAME_openvino_model/NAME.xml`` + ``.bin``) run by OpenVINO on the CPU."""
 
     kind = "openvino"
 
     def __init__(self, path, device="cpu"):
-        try:
-            import openvino
-        except ImportError:
-            raise UserError(f"{path}: running OpenVINO models needs openvino; pip install openvino") from None
+        if not openvino_installed():
+            raise UserError(f"{path}: running OpenVINO models needs openvino; pip install openvino")
         if torch.device(device).type != "cpu":
             LOGGER.warning(f"{path}: OpenVINO models run on the CPU here; ignoring --device {device}")
-        core = openvino.Core()
+        core = openvino_core()
         xml = openvino_xml(path)
         try:
             model = core.read_model(str(xml))
