@@ -226,16 +226,16 @@ def frame_batches(dataset, batch_size: int):
 
 def predict_frames(model, frames, slicer, device, half, augment, nms_options):
     """Detections (n, 6) in original pixels for each frame, and (pre-process, inference, NMS) seconds."""
-    t0 = time_sync()
-    # stacked as (b, h, w, 3) and viewed as (b, 3, h, w): already the channels-last layout the PyTorch
-    # backend runs in, so the float batch is never copied into it
-    im = torch.from_numpy(np.stack([f.im.transpose(1, 2, 0) for f in frames])).to(device).permute(0, 3, 1, 2)
-    im = (im.half() if half else im.float()) / 255
-    t1 = time_sync()
-    if slicer is not None:  # tiles, full pass and merge all count as inference
+    t0 = t1 = time_sync()
+    if slicer is not None:  # slices the original frames: tiles, full pass and merge all count as inference
         dets = [slicer(f.im0).to(device) for f in frames]
         t2 = t3 = time_sync()
     else:
+        # stacked as (b, h, w, 3) and viewed as (b, 3, h, w): already the channels-last layout the PyTorch
+        # backend runs in, so the float batch is never copied into it
+        im = torch.from_numpy(np.stack([f.im.transpose(1, 2, 0) for f in frames])).to(device).permute(0, 3, 1, 2)
+        im = (im.half() if half else im.float()) / 255
+        t1 = time_sync()
         pred = tta_forward(model, im)[0] if augment else model(im)[0]
         t2 = time_sync()
         dets = non_max_suppression(pred, **nms_options)
