@@ -6,7 +6,6 @@ or a numpy array of shape ``(..., 4)`` and return a new object of the same kind.
 """
 
 import math
-import time
 
 import numpy as np
 import torch
@@ -199,7 +198,7 @@ def _nms_top(det, iou_thres, agnostic, max_det):
 
 
 def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=None, agnostic=False,
-                        multi_label=False, labels=(), max_det=300, max_nms=30000, time_limit=None):
+                        multi_label=False, labels=(), max_det=300, max_nms=30000):
     """Per-class NMS of a batch on ``torchvision.ops.batched_nms``.
 
     ``prediction``: (bs, N, 5 + nc) [x, y, w, h, obj, cls scores...] in pixels, or the
@@ -208,20 +207,19 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
     Returns a list of ``bs`` tensors (n, 6) [x1, y1, x2, y2, conf, cls], at most ``max_det`` each,
     confidence descending. Candidate filtering, scoring and sorting run on the whole batch at once;
     only the NMS call itself runs per image, because joining images into one call would need
-    coordinate offsets large enough to round float32 boxes. Warns and returns early (remaining
-    images empty) when the batch takes longer than ``time_limit`` seconds (default 0.5 + 0.05 per image).
+    coordinate offsets large enough to round float32 boxes. There is deliberately no wall-clock
+    limit (YOLOv5 has one): the detections, and every metric built on them, must not depend on
+    how busy the machine is. ``max_nms`` and ``max_det`` bound the work instead.
     """
     _check_thresholds(conf_thres, iou_thres, max_det)
     if isinstance(prediction, (list, tuple)):
         prediction = prediction[0]
     bs, nc = prediction.shape[0], prediction.shape[2] - 5
     multi_label &= nc > 1
-    time_limit = 0.5 + 0.05 * bs if time_limit is None else time_limit
     device = prediction.device
     if device.type == "mps":  # torchvision NMS is not fully supported on MPS
         prediction = prediction.cpu()
 
-    start = time.time()
     output = [torch.zeros((0, 6), device=prediction.device)] * bs
     det, image = _candidates(prediction, labels, nc, conf_thres, multi_label)
     if classes is not None:
@@ -234,8 +232,4 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
         if count:
             output[xi] = _nms_top(det[first:first + min(count, max_nms)], iou_thres, agnostic, max_det)
         first += count
-        if time.time() - start > time_limit:
-            LOGGER.warning(f"NMS time limit {time_limit:.3f}s exceeded after {xi + 1}/{bs} images; "
-                           "raise --conf-thres or lower --max-det to speed it up")
-            break
     return [o.to(device) for o in output]
