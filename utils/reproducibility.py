@@ -1,5 +1,6 @@
 """The run's determinism report (determinism.json): what is needed to rerun or explain a run."""
 
+import hashlib
 import json
 import os
 import sys
@@ -15,6 +16,17 @@ def device_names(device: torch.device) -> list:
     if device.type == "cuda":
         return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return [f"cpu ({os.cpu_count()} cores)"]
+
+
+def data_fingerprint(im_files, label_files) -> str:
+    """SHA-256 of the training image list (file names, in order) and the label files' contents."""
+    digest = hashlib.sha256()
+    for im_file, lb_file in zip(im_files, label_files):
+        digest.update(Path(im_file).name.encode() + b"\0")
+        label = Path(lb_file)
+        digest.update(label.read_bytes() if label.is_file() else b"<no label file>")
+        digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
@@ -38,7 +50,9 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
         "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
         "world_size": dist.world_size,
         "workers": opt.workers,
+        "threads": torch.get_num_threads(),
         "label_cache_hash": getattr(dataset, "cache_hash", None),
+        "data_fingerprint": data_fingerprint(dataset.im_files, dataset.label_files),
     }
 
 
