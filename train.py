@@ -327,6 +327,7 @@ def report_run_end(ctx: RunContext, loop, results, last_epoch):
         final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
         results = finish_run(ctx, final, results)
         LOGGER.info(f"Results saved to {colorstr('bold', ctx.save_dir)}")
+        LOGGER.info(f"{colorstr('guarantee: ')}{ctx.policy.guarantee()}")
     barrier(ctx.dist)
     return results
 

@@ -49,7 +49,8 @@ def test_checksum_is_printed_and_saved(reference):
     assert report["final_ema_sha256"] == checksum(reference)
     assert len(checksum(reference)) == 64
     for key in ("mode", "seed", "audit", "relaxed_backward", "versions", "devices", "CUBLAS_WORKSPACE_CONFIG",
-                "PYTHONHASHSEED", "world_size", "workers", "threads", "label_cache_hash", "data_fingerprint"):
+                "PYTHONHASHSEED", "world_size", "workers", "threads", "label_cache_hash", "data_fingerprint",
+                "nondeterministic_ops", "guarantee"):
         assert key in report, key
 
 

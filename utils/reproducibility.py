@@ -36,6 +36,8 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
         "mode": policy.mode,
         "seed": opt.seed,
         "relaxed_backward": bool(policy.relax_backward),
+        "nondeterministic_ops": policy.nondeterministic_ops,
+        "guarantee": policy.guarantee(),
         "audit": audit,
         "policy_state": policy.state(),
         "versions": {
