@@ -522,18 +522,7 @@ class DeterminismPolicy:
         return {"mode": self.mode, "seed": self.seed, "rank": self.rank,
                 "relax_backward": self.relax_backward, **determinism_state(),
                 "audit_summary": self.audit_summary, "audit": self.audit,
-                "nondeterministic_ops": self.nondeterministic_ops, "guarantee": self.guarantee()}
-
-    def guarantee(self) -> str:
-        """One line: what a rerun of this run on the same stack is promised to give."""
-        ops = ", ".join(f"{op} x{n}" for op, n in self.nondeterministic_ops.items())
-        if self.mode == "off":
-            return "may differ: --deterministic off uses the fastest, nondeterministic kernels"
-        if ops and self.mode == "scoped":
-            return f"may differ in the last bits because the backward ran relaxed for: {ops}"
-        if ops:
-            return f"may differ because these ops warned (no deterministic implementation): {ops}"
-        return "bit-identical on this stack (same hardware, driver, CUDA, cuDNN and torch)"
+                "nondeterministic_ops": self.nondeterministic_ops}
 
 
 def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> DeterminismPolicy:
