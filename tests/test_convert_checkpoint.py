@@ -1,5 +1,6 @@
 """utils/convert_checkpoint.py: foreign pickled checkpoints converted without running their code."""
 
+import argparse
 import importlib.util
 import os
 import pickle
@@ -12,6 +13,7 @@ from torch import nn
 
 import models.common
 import models.yolo
+import train
 from models.experimental import attempt_load
 from models.ffca import FFM_Concat2, FFM_Concat3
 from models.yolo import Model
@@ -203,6 +205,10 @@ def test_authors_checkpoint_converts_to_the_authors_outputs(ffm_weights, tiny_cf
         fixed_out = fixed(x)[0]
     assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
     assert (fixed_out - ref).abs().max() > 0.1 * ref.abs().max()  # the fixed FFM would not reproduce it
+    finetuned = train.build_model(argparse.Namespace(cfg="", weights=str(dst)), {}, 2, ["a", "b"], "cpu", None)
+    assert {layer.arithmetic for layer in finetuned.model if hasattr(layer, "arithmetic")} == {"authors"}
+    with torch.no_grad():
+        assert (finetuned.eval()(x)[0] - ref).abs().max() <= 1e-5 * ref.abs().max()  # train.py --weights
 
 
 def test_match_weights_by_order_and_shape_within_a_layer():
