@@ -184,7 +184,7 @@ class _WeightedConcat(nn.Module):
             raise ValueError(f"{type(self).__name__} built for channels {self.channels}, got {got}")
         weights = self.normalised_weights()
         if self.arithmetic == "authors":
-            # (N, H*W, C_k) in NCHW memory order: the weights run along the innermost C_k elements
+            # (N, H*W, C_k) in logical NCHW order (the authors' .view on a contiguous tensor); any layout works
             return torch.cat([(x.reshape(x.shape[0], -1, x.shape[1]) * part).reshape(x.shape)
                               for x, part in zip(xs, weights.split(self.channels))], 1)
         return torch.cat(tuple(xs), 1) * weights.view(1, -1, 1, 1)

@@ -70,7 +70,8 @@ def test_more_than_100_detections_per_image_are_kept_and_counted_by_size_band():
         bands[max_det] = stats.compute()
     full, capped = bands[1500], bands[100]
     assert full["very_tiny"]["instances"] == capped["very_tiny"]["instances"] == N_OBJECTS
-    assert full["very_tiny"]["ar"] == pytest.approx(1.0) and full["very_tiny"]["map50"] == pytest.approx(1.0, abs=0.01)
+    assert full["very_tiny"]["ar"] == pytest.approx(1.0)
+    assert full["very_tiny"]["map50"] == pytest.approx(1.0, abs=0.01)
     assert capped["very_tiny"]["ar"] == pytest.approx(100 / N_OBJECTS)  # the cap, not the model, limits recall
     assert full["small"]["ar"] == pytest.approx(1.0)  # COCO small holds the same boxes
     assert all(math.isnan(full[k]["map"]) for k in ("tiny", "aitod_small", "aitod_medium", "medium", "large"))

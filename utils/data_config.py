@@ -124,8 +124,9 @@ def check_dataset(path) -> dict:
     """Load and validate a data set YAML (or an already-loaded dict); generate its data if declared.
 
     Returns the YAML's dict with ``path`` (absolute str), ``train``, ``val``, optional ``test``
-    (absolute path strings or lists of them), ``nc`` (int), ``names`` (list of str) and
-    ``yaml_file`` (str), and ``max_det`` (positive int) when the YAML sets it. Every problem is a UserError naming the file, the key and the path.
+    (absolute path strings or lists of them), ``nc`` (int), ``names`` (list of str),
+    ``yaml_file`` (str) and, when the YAML sets it, ``max_det`` (positive int). Every problem is a
+    UserError naming the file, the key and the path.
     """
     if isinstance(path, dict):
         data, yaml_file = dict(path), Path(path.get("yaml_file") or Path.cwd() / "data.yaml")
