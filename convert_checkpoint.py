@@ -4,6 +4,8 @@
 
 No code from the source file runs (see utils/convert_checkpoint.py); the model is rebuilt from the
 model YAML stored in it, every tensor must be used, and the result loads with weights_only=True.
+FFM layers of a checkpoint trained with FFCA-YOLO's own code keep the authors' FFM arithmetic;
+one log line says which arithmetic each FFM layer kept (docs/export.md).
 """
 
 import argparse

@@ -43,6 +43,7 @@ from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
 TABLE_ROW = "%22s" + "%11i" * 2 + "%11.3g" * 4
+DEFAULT_MAX_DET = 300  # detections per image when neither --max-det nor the data YAML's max_det is given
 STUDY_SIZES = range(256, 1536 + 128, 128)
 
 
@@ -198,7 +199,7 @@ def _class_names(names, model, data):
 
 
 @torch.no_grad()
-def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300, task="val",
+def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=None, task="val",
         device="", workers=8, single_cls=False, augment=False, verbose=False, save_txt=False, save_hybrid=False,
         save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False, half=True,
         model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None,
@@ -207,6 +208,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
 
     ``times`` = per-image milliseconds (pre-process, inference, NMS). With ``model`` given (from
     train.py), that model is used as is, ``data`` is the data dict and half precision applies on CUDA only.
+    ``max_det`` None takes the data YAML's ``max_det`` (:func:`detections_per_image`).
     ``size_bands=True`` appends a fourth item, the size-band metrics (utils/size_metrics.py), which
     are printed under the usual table outside training. ``slice_size`` > 0 predicts each full-size
     image by sliced inference (utils/slicing.py) instead of one letterboxed pass.
@@ -220,6 +222,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data,
                                                          single_cls)
     model.eval()
+    max_det = detections_per_image(max_det, data)
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data)
     if single_cls:
@@ -257,6 +260,17 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
     results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
     return (results, maps, times, bands) if size_bands else (results, maps, times)
+
+
+def detections_per_image(max_det, data: dict) -> int:
+    """``max_det`` when given (--max-det), else the data YAML's ``max_det`` (data/AI-TOD.yaml: 1500, the
+    AI-TOD protocol's maxDets), else 300. It caps NMS output and pycocotools' maxDets alike."""
+    if max_det is not None:
+        return int(max_det)
+    if data.get("max_det") is not None:
+        LOGGER.info(f"max_det {data['max_det']} detections per image, from {data.get('yaml_file') or 'the data YAML'}")
+        return int(data["max_det"])
+    return DEFAULT_MAX_DET
 
 
 def _validate_batches(dataloader, predict, device, record, plot_dir, names):
@@ -438,7 +452,8 @@ def parse_opt(argv=None):
     parser.add_argument("--batch-size", type=int, default=32, help="batch size")
     parser.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
     parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
-    parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
+    parser.add_argument("--max-det", type=int, default=None,
+                        help=f"maximum detections per image (default: the data YAML's max_det, else {DEFAULT_MAX_DET})")
     parser.add_argument("--task", default="val", choices=("train", "val", "test", "speed", "study"),
                         help="split to validate, or speed / study")
     parser.add_argument("--workers", type=int, default=8, help="max dataloader workers")

@@ -1,7 +1,8 @@
 """FFCA-YOLO modules (Zhang et al., IEEE TGRS 2024): FEM, FFM, SCAM and C3_Faster.
 
 Class names match FFCA-YOLO's published YAML files so they parse unchanged. Three deliberate
-differences from the widely copied implementation:
+differences from the widely copied implementation (FFM rows with the ``authors`` argument keep the
+first two, for checkpoints trained with the authors' code; see :class:`_WeightedConcat`):
 
 * FFM multiplies weight ``c`` with channel ``c`` (the upstream ``.view(N, H, W, C)`` on an NCHW
   tensor scales the wrong elements);
@@ -30,6 +31,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.common import C3, Conv
+
+FFM_ARITHMETICS = ("fixed", "authors")  # FFM_Concat2/3 weighting; see _WeightedConcat
 
 
 def global_avg_pool(x: torch.Tensor) -> torch.Tensor:
@@ -142,32 +145,49 @@ class _WeightedConcat(nn.Module):
     """Fast normalised fusion: one learnable weight per input channel, then channel concat.
 
     ``channels`` are the inputs' channel counts; inputs ``(N, C_k, H, W)`` -> ``(N, C, H, W)``,
-    ``C = sum C_k``, with channel ``c`` of the concatenation scaled by ``C * w[c] / (sum(w) + eps)``:
-    the weights average 1, so at initialisation (all ``w`` equal) FFM is a plain concatenation.
+    ``C = sum C_k``. ``arithmetic`` (a YAML row argument after ``dimension``, so checkpoints keep it):
+
+    * ``'fixed'`` (default): channel ``c`` of the concatenation scaled by ``C * w[c] / (sum(w) + eps)``;
+      the weights average 1, so at initialisation (all ``w`` equal) FFM is a plain concatenation;
+    * ``'authors'``: FFCA-YOLO's own computation, for checkpoints trained with the authors' code
+      (utils/convert_checkpoint.py): weights ``w / (sum(w) + eps)`` (sum 1), and input ``k`` read as
+      ``(N, H, W, C_k)`` in memory order, so flat element ``j`` of each image's ``C_k*H*W`` block is
+      scaled by weight ``j mod C_k`` of that input.
     """
 
     n_inputs = 0
 
-    def __init__(self, channels: Sequence[int], dimension: int = 1, eps: float = 1e-4):
+    def __init__(self, channels: Sequence[int], dimension: int = 1, arithmetic: str = "fixed", eps: float = 1e-4):
         super().__init__()
         channels = [int(c) for c in channels]
         if len(channels) != self.n_inputs:
             raise ValueError(f"{type(self).__name__} fuses {self.n_inputs} inputs, got {len(channels)}")
         if dimension != 1:
             raise ValueError(f"{type(self).__name__} weights channels, so dimension must be 1, got {dimension}")
+        if arithmetic not in FFM_ARITHMETICS:
+            raise ValueError(f"{type(self).__name__} arithmetic must be one of {FFM_ARITHMETICS}, got {arithmetic!r}")
         self.channels = channels
+        self.arithmetic = arithmetic
         self.eps = eps
         self.w = nn.Parameter(torch.ones(sum(channels)))
 
     def normalised_weights(self) -> torch.Tensor:
-        """``(C,)`` weights divided by their mean (sum / C, +eps / C): they average 1."""
+        """``(C,)`` weights: ``'fixed'`` divided by their mean (sum / C, +eps / C), so they average 1;
+        ``'authors'`` divided by their sum (+eps), so they sum to 1."""
+        if self.arithmetic == "authors":
+            return self.w / (self.w.sum() + self.eps)
         return self.w * self.w.numel() / (self.w.sum() + self.eps)
 
     def forward(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
         got = [x.shape[1] for x in xs]
         if got != self.channels:
             raise ValueError(f"{type(self).__name__} built for channels {self.channels}, got {got}")
-        return torch.cat(tuple(xs), 1) * self.normalised_weights().view(1, -1, 1, 1)
+        weights = self.normalised_weights()
+        if self.arithmetic == "authors":
+            # (N, H*W, C_k) in logical NCHW order (the authors' .view on a contiguous tensor); any layout works
+            return torch.cat([(x.reshape(x.shape[0], -1, x.shape[1]) * part).reshape(x.shape)
+                              for x, part in zip(xs, weights.split(self.channels))], 1)
+        return torch.cat(tuple(xs), 1) * weights.view(1, -1, 1, 1)
 
 
 class FFM_Concat2(_WeightedConcat):  # noqa: N801 (name fixed by FFCA-YOLO's YAML files)

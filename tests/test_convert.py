@@ -197,7 +197,7 @@ def test_coco_maps_ids_drops_crowd_keeps_background(tmp_path, log_lines):
     assert labels(out, "train", "t2") == []
     assert_rows(labels(out, "val", "v1"), [yolo(2, 2, 2, 6, 6, 20, 20)])
     data = check_dataset(out / "AI-TOD.yaml")
-    assert data["names"] == ["airplane", "vehicle", "ship"]
+    assert data["names"] == ["airplane", "vehicle", "ship"] and data["max_det"] == 1500  # AI-TOD's maxDets
     mapping = yaml.safe_load((out / "category_map.yaml").read_text())["classes"]
     assert {i: m["category_id"] for i, m in mapping.items()} == {0: 3, 1: 7, 2: 12}
     record = yaml.safe_load((out / "conversion.yaml").read_text())
@@ -213,7 +213,7 @@ def test_coco_keep_crowd_and_broken_json(tmp_path):
     convert("coco", "--src", src, "--out", tmp_path / "out", "--keep-crowd")
     assert_rows(labels(tmp_path / "out", "train", "t1"),
                 [yolo(1, 4, 6, 12, 10, 40, 30), yolo(2, 0, 0, 10, 10, 40, 30)])
-    assert (tmp_path / "out" / "COCO.yaml").is_file()
+    assert "max_det" not in check_dataset(tmp_path / "out" / "COCO.yaml")  # plain COCO keeps the default
     (src / "annotations" / "aitod_val_v1.json").write_text("{not json")
     with pytest.raises(UserError, match="aitod_val_v1.json: not a readable JSON"):
         convert("coco", "--src", src, "--out", tmp_path / "out2")

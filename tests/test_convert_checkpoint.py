@@ -1,5 +1,6 @@
 """utils/convert_checkpoint.py: foreign pickled checkpoints converted without running their code."""
 
+import argparse
 import importlib.util
 import os
 import pickle
@@ -8,13 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+import models.common
+import models.yolo
+import train
 from models.experimental import attempt_load
+from models.ffca import FFM_Concat2, FFM_Concat3
 from models.yolo import Model
 from utils.checkpoints import load_checkpoint
 from convert_checkpoint import main
 from utils.convert_checkpoint import Placeholder, convert, match_weights, read_foreign_checkpoint
 from utils.errors import UserError
+from utils.files import yaml_load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +74,7 @@ def test_payload_never_runs(tiny_cfg, tmp_path):
     assert marker.exists()
 
 
-def test_ffm_weights_that_differ_within_an_input_are_reported(tiny_cfg, tmp_path, log_lines):
+def test_ffm_pickled_by_this_project_keeps_the_fixed_arithmetic(tiny_cfg, tmp_path, log_lines):
     src = tmp_path / "ffm.pt"
     torch.manual_seed(0)
     model = Model(tiny_cfg).eval()
@@ -75,8 +82,133 @@ def test_ffm_weights_that_differ_within_an_input_are_reported(tiny_cfg, tmp_path
         model.model[10].w[0] = 2.0  # layer 10 is an FFM_Concat2 in tests/models/tiny.yaml
     torch.save({"model": model, "ema": None}, src)
     ckpt = convert(src, tmp_path / "out.pt", Model)
-    assert ckpt["converted_from"]["ffm_unequal_layers"] == [10]
-    assert any("FFM layers [10]" in line for line in log_lines)
+    assert ckpt["converted_from"]["ffm_arithmetic"] == {"fixed": [10, 13, 16, 19]}
+    assert [line for line in log_lines if "FFM arithmetic" in line] == [
+        f"{src}: FFM arithmetic kept: fixed (this project's, mean-1 per-channel weights) in layers "
+        "[10, 13, 16, 19] (docs/export.md)"]
+    x = torch.rand(1, 3, 64, 96)
+    torch.testing.assert_close(attempt_load(tmp_path / "out.pt", fuse=False)(x)[0], model(x)[0])
+
+
+# ----------------------------------------------------------------------------- FFCA-YOLO authors' checkpoints
+# Published facts about the authors' code (github.com/yemu1138178251/FFCA-YOLO): their train.py pickles
+# the whole model, an instance of models.yolo.DetectionModel (YOLOv5 v7 layout, ``names`` a dict);
+# FFM_Concat2/3 live in models.common with attributes d, Channel1.., w (ones at init) and epsilon 1e-4;
+# forward: weight = w / (sum(w) + epsilon), input k multiplied as weight_k * x_k.view(N, H, W, C_k) and
+# viewed back to (N, C_k, H, W), then concatenated on dim d.
+def authors_ffm_reference(xs, w, epsilon=1e-4):
+    """The authors' FFM, written out element-wise: flat element j of each image's C_k*H*W block of input
+    k is multiplied by that input's normalised weight number ``j mod C_k``."""
+    weight = w / (w.sum() + epsilon)
+    out, start = [], 0
+    for x in xs:
+        c = x.shape[1]
+        cycle = weight[start + torch.arange(x[0].numel()) % c]
+        out.append((x.flatten(1) * cycle).view(x.shape))
+        start += c
+    return torch.cat(out, 1)
+
+
+class AuthorsFFM(nn.Module):
+    """Stand-in for the authors' FFM_Concat2/3 (pickled as models.common.FFM_Concat2/3)."""
+
+    def __init__(self, channels, w):
+        super().__init__()
+        self.d = 1
+        for k, c in enumerate(channels, 1):
+            setattr(self, f"Channel{k}", c)
+        self.w = nn.Parameter(w.clone())
+        self.epsilon = 0.0001
+
+    def forward(self, xs):
+        return authors_ffm_reference(xs, self.w)
+
+
+class AuthorsModel(nn.Module):
+    """Stand-in for the authors' models.yolo.DetectionModel: ``yaml``, ``names``, ``model``, ``save``."""
+
+    def __init__(self, yaml, names, layers, save):
+        super().__init__()
+        self.yaml, self.names, self.model, self.save = yaml, names, layers, save
+
+    def forward(self, x):
+        outputs = []
+        for layer in self.model:
+            if layer.f != -1:
+                x = outputs[layer.f] if isinstance(layer.f, int) else [x if j == -1 else outputs[j] for j in layer.f]
+            x = layer(x)
+            outputs.append(x if layer.i in self.save else None)
+        return x
+
+
+AUTHORS_CLASSES = {
+    (models.common, "FFM_Concat2"): type("FFM_Concat2", (AuthorsFFM,), {"__module__": "models.common"}),
+    (models.common, "FFM_Concat3"): type("FFM_Concat3", (AuthorsFFM,), {"__module__": "models.common"}),
+    (models.yolo, "DetectionModel"): type("DetectionModel", (AuthorsModel,), {"__module__": "models.yolo"}),
+}
+
+
+def authors_checkpoint(cfg, path, ffm_weights, monkeypatch):
+    """Write a checkpoint as the authors' train.py does (whole fp32 model pickled) and return that model
+    in eval mode. Its BatchNorms hold statistics of its own activations (authors' FFM scale) and
+    random affine parameters; ``ffm_weights(n)`` gives each FFM layer's ``w``."""
+    torch.manual_seed(0)
+    ours = Model(cfg, nc=2)
+    layers = ours.model
+    for i, layer in enumerate(layers):
+        if isinstance(layer, (FFM_Concat2, FFM_Concat3)):
+            name = type(layer).__name__
+            stand_in = AUTHORS_CLASSES[(models.common, name)](layer.channels, ffm_weights(sum(layer.channels)))
+            stand_in.i, stand_in.f, stand_in.type, stand_in.np = layer.i, layer.f, f"models.common.{name}", layer.np
+            layers[i] = stand_in
+    model = AUTHORS_CLASSES[(models.yolo, "DetectionModel")](yaml_load(cfg) | {"ch": 3}, {0: "a", 1: "b"},
+                                                            layers, ours.save)
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average over the calibration batches
+        nn.init.uniform_(bn.weight, 0.5, 1.5)
+        nn.init.uniform_(bn.bias, -0.2, 0.2)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.rand(4, 3, 64, 96))
+    model.eval()
+    with monkeypatch.context() as patch:
+        for (module, name), cls in AUTHORS_CLASSES.items():
+            patch.setattr(module, name, cls, raising=False)
+        torch.save({"epoch": 99, "best_fitness": 0.5, "model": model, "ema": model, "optimizer": None}, path)
+    return model
+
+
+@pytest.mark.parametrize("ffm_weights", [lambda n: torch.full((n,), 1.7), lambda n: torch.rand(n) * 1.8 + 0.2],
+                         ids=["equal", "unequal"])
+def test_authors_checkpoint_converts_to_the_authors_outputs(ffm_weights, tiny_cfg, tmp_path, monkeypatch, log_lines):
+    src, dst = tmp_path / "authors.pt", tmp_path / "converted.pt"
+    authors = authors_checkpoint(tiny_cfg, src, ffm_weights, monkeypatch)
+    assert read_foreign_checkpoint(src)["model"].state["_modules"]["model"].state["_modules"]["10"].qualname == \
+        "models.common.FFM_Concat2"
+    ckpt = convert(src, dst, Model)
+    assert ckpt["converted_from"]["ffm_arithmetic"] == {"authors": [10, 13, 16, 19]}
+    assert [row[3] for row in ckpt["model_cfg"]["head"] if row[2].startswith("FFM")] == [[1, "authors"]] * 4
+    assert [line for line in log_lines if "FFM arithmetic" in line] == [
+        f"{src}: FFM arithmetic kept: authors' (w / sum(w), applied through .view(N, H, W, C)) in layers "
+        "[10, 13, 16, 19], so outputs equal the authors' code (docs/export.md)"]
+    converted = attempt_load(dst, fuse=False)  # rebuilt from the stored YAML, as train/val/export do
+    x = torch.rand(2, 3, 64, 96)
+    with torch.no_grad():
+        ref = authors(x)[0]
+        out = converted(x)[0]
+        fixed = Model({**ckpt["model_cfg"], "head": [[*r[:3], [1]] if r[2].startswith("FFM") else r
+                                                     for r in ckpt["model_cfg"]["head"]]}, nc=2).eval()
+        fixed.load_state_dict(converted.state_dict())
+        fixed_out = fixed(x)[0]
+    assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert (fixed_out - ref).abs().max() > 0.1 * ref.abs().max()  # the fixed FFM would not reproduce it
+    finetuned = train.build_model(argparse.Namespace(cfg="", weights=str(dst)), {}, 2, ["a", "b"], "cpu", None)
+    assert {layer.arithmetic for layer in finetuned.model if hasattr(layer, "arithmetic")} == {"authors"}
+    with torch.no_grad():
+        assert (finetuned.eval()(x)[0] - ref).abs().max() <= 1e-5 * ref.abs().max()  # train.py --weights
 
 
 def test_match_weights_by_order_and_shape_within_a_layer():

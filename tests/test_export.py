@@ -235,3 +235,26 @@ def test_pytorch_backend_keeps_checkpoint_metadata(tiny_pt):
     assert isinstance(backend, PyTorchBackend) and backend.names == NAMES and backend.fixed_shape is None
     with pytest.raises(UserError, match="only .pt checkpoints can form an ensemble"):
         load_backend([tiny_pt, tiny_pt.with_suffix(".onnx")])
+
+
+def test_authors_ffm_arithmetic_survives_export(tiny_cfg, tmp_path):
+    """FFM rows with the 'authors' arithmetic (converted FFCA-YOLO checkpoints) export and compute the same."""
+    from utils.files import yaml_load
+
+    cfg = yaml_load(tiny_cfg)
+    cfg["head"] = [[*row[:3], [1, "authors"]] if row[2].startswith("FFM") else row for row in cfg["head"]]
+    torch.manual_seed(0)
+    model = Model(cfg, nc=len(NAMES))
+    with torch.no_grad():
+        for layer in model.model:
+            if hasattr(layer, "arithmetic"):
+                layer.w.uniform_(0.2, 2.0)  # unequal weights: the .view(N, H, W, C) cycling shows
+    pt = tmp_path / "authors.pt"
+    save_checkpoint({"model_cfg": model.yaml, "nc": len(NAMES), "names": NAMES, "model": model.state_dict(),
+                     "ema": None}, pt)
+    onnx_path, ts_path = export.run(pt, imgsz=[64], include=["onnx", "torchscript"], dynamic=True)
+    x = torch.rand(2, 3, 96, 64)
+    ref = attempt_load(pt)(x)[0]
+    assert {layer.arithmetic for layer in attempt_load(pt).model if hasattr(layer, "arithmetic")} == {"authors"}
+    for path in (onnx_path, ts_path):
+        assert (load_backend(path)(x)[0] - ref).abs().max() < 1e-3

@@ -367,6 +367,7 @@ def test_strings_are_never_evaluated(name):
     ("head", 16, [[21, 22, 23], 1, "Detect", ["nc", [[1, 2, 3]] * 3]], "anchors must be lists of positive"),
     ("head", 2, [[-1, 5], 1, "FFM_Concat3", [1]], "FFM_Concat3 fuses 3 inputs, got 2"),
     ("head", 2, [[-1, 5], 1, "FFM_Concat2", [2]], "dimension must be 1"),
+    ("head", 2, [[-1, 5], 1, "FFM_Concat2", [1, "author"]], "arithmetic must be one of ('fixed', 'authors')"),
 ])
 def test_malformed_rows_name_row_and_value(section, index, row, fragment):
     cfg = tiny_dict()

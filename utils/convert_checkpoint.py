@@ -11,9 +11,10 @@ The converter then takes the model YAML stored in the checkpoint, builds this pr
 it (in :func:`main`; utils/ does not import models/ at module level), fills every parameter and
 buffer from the file's tensors (by name, else by order and shape within each layer), fails unless
 every tensor of the file was used, and saves a plain ``weights_only`` checkpoint atomically.
-FFCA-YOLO's FFM weights are applied per channel here, not with the authors' ``.view(N, H, W, C)``;
-:func:`ffm_weight_spread` reports whether that changes the converted model's outputs (see
-docs/export.md).
+FFM layers pickled by the authors' FFCA-YOLO code (any FFM class not from this project's
+``models.ffca``) get the ``authors`` FFM arithmetic in the converted model YAML
+(:func:`with_authors_ffm`), so the converted model computes what the authors' model computed;
+the converter logs one line saying which FFM arithmetic each layer kept (docs/export.md).
 """
 
 from __future__ import annotations
@@ -152,8 +153,9 @@ def module_tensors(module: Placeholder, prefix: str = "") -> dict:
     return out
 
 
-def foreign_model(ckpt, path) -> tuple[dict, list, dict, str]:
-    """(model YAML dict, class names, tensors, class name) of the EMA (else model) in a foreign checkpoint."""
+def foreign_model(ckpt, path) -> tuple[dict, list, dict, str, dict]:
+    """(model YAML dict, class names, tensors, class name, {layer index: layer class name}) of the EMA
+    (else model) in a foreign checkpoint."""
     if not isinstance(ckpt, dict):
         raise UserError(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
     model = ckpt.get("ema") or ckpt.get("model")
@@ -165,7 +167,7 @@ def foreign_model(ckpt, path) -> tuple[dict, list, dict, str]:
     names = model.state.get("names") or [f"class{i}" for i in range(int(cfg.get("nc", 0)))]
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names]
     tensors = {k: v.float() if v.is_floating_point() else v for k, v in module_tensors(model).items()}
-    return cfg, names, tensors, model.qualname
+    return cfg, names, tensors, model.qualname, pickled_layer_classes(model)
 
 
 def _layer_of(key: str) -> str:
@@ -193,18 +195,51 @@ def match_weights(expected: dict, foreign: dict, path) -> dict:
     return matched
 
 
-def ffm_weight_spread(model) -> dict:
-    """{layer index: largest relative spread of FFM weights within one input} for FFM layers where it is
-    not 0. Only there does the authors' ``.view(N, H, W, C)`` weighting differ from this project's."""
-    spreads = {}
+FFM_MODULES = ("FFM_Concat2", "FFM_Concat3")
+PROJECT_FFM_MODULE = "models.ffca."  # where this project's FFM classes live; any other is the authors'
+
+
+def pickled_layer_classes(model: Placeholder) -> dict:
+    """{layer index: ``module.name`` of the pickled class} for the layers of a pickled model's ``model`` list."""
+    layers = (model.state.get("_modules") or {}).get("model")
+    children = (layers.state.get("_modules") or {}) if isinstance(layers, Placeholder) and isinstance(
+        layers.state, dict) else {}
+    return {int(k): v.qualname for k, v in children.items() if isinstance(v, Placeholder) and str(k).isdigit()}
+
+
+def with_authors_ffm(cfg: dict, layer_classes: dict) -> dict:
+    """``cfg`` with its FFM rows switched to the ``authors`` arithmetic where the pickled layer is not
+    this project's (``[dimension, 'authors']``, the row's dimension kept, default 1)."""
+    out = {**cfg}
+    i = 0
+    for section in ("backbone", "head"):
+        if not isinstance(cfg.get(section), list):
+            continue  # the model parser names the missing section
+        rows = []
+        for row in cfg[section]:
+            if (isinstance(row, list) and len(row) == 4 and row[2] in FFM_MODULES
+                    and not layer_classes.get(i, "").startswith(PROJECT_FFM_MODULE)):
+                dimension = row[3][0] if isinstance(row[3], list) and row[3] else 1
+                row = [row[0], row[1], row[2], [dimension, "authors"]]
+            rows.append(row)
+            i += 1
+        out[section] = rows
+    return out
+
+
+def ffm_arithmetic_report(model) -> tuple[dict, str]:
+    """({arithmetic: [layer indices]}, one log line) for the FFM layers of a built model; ({}, '') without FFM."""
+    kept = {}
     for layer in model.model:
-        if hasattr(layer, "channels") and hasattr(layer, "w"):
-            w = layer.w.detach()
-            parts = w.split(layer.channels)
-            spread = max(float((p.max() - p.min()) / p.abs().max().clamp(min=1e-12)) for p in parts)
-            if spread > 0:
-                spreads[int(layer.i)] = spread
-    return spreads
+        if hasattr(layer, "arithmetic"):
+            kept.setdefault(layer.arithmetic, []).append(int(layer.i))
+    parts = []
+    if "authors" in kept:
+        parts.append(f"authors' (w / sum(w), applied through .view(N, H, W, C)) in layers {kept['authors']}, "
+                     "so outputs equal the authors' code")
+    if "fixed" in kept:
+        parts.append(f"fixed (this project's, mean-1 per-channel weights) in layers {kept['fixed']}")
+    return kept, ("FFM arithmetic kept: " + "; ".join(parts) + " (docs/export.md)") if parts else ""
 
 
 def file_sha256(path) -> str:
@@ -220,20 +255,18 @@ def convert(src, dst, model_class) -> dict:
     Returns the checkpoint written."""
     if Path(dst).resolve() == Path(src).resolve():
         raise UserError(f"{dst}: the destination must differ from the source checkpoint")
-    cfg, names, tensors, qualname = foreign_model(read_foreign_checkpoint(src), src)
-    cfg = {k: v for k, v in cfg.items() if k != "ch"}
+    cfg, names, tensors, qualname, layer_classes = foreign_model(read_foreign_checkpoint(src), src)
+    cfg = with_authors_ffm({k: v for k, v in cfg.items() if k != "ch"}, layer_classes)
     model = model_class(cfg, nc=int(cfg["nc"]))
     state = match_weights(model.state_dict(), tensors, src)
     model.load_state_dict(state)
-    spreads = ffm_weight_spread(model)
-    if spreads:
-        LOGGER.warning(f"{src}: FFM layers {sorted(spreads)} have unequal weights within an input (largest "
-                       f"spread {max(spreads.values()):.3g}); this project applies them per channel, so outputs "
-                       "differ from the authors' code: fine-tune with train.py --weights (docs/export.md)")
+    arithmetic, line = ffm_arithmetic_report(model)
+    if line:
+        LOGGER.info(f"{src}: {line}")
     ckpt = {"model_cfg": model.yaml, "nc": model.yaml["nc"], "names": names, "model": model.state_dict(),
             "ema": None, "epoch": -1, "best_fitness": None,
             "converted_from": {"file": str(src), "sha256": file_sha256(src), "class": qualname,
-                               "tensors": len(tensors), "ffm_unequal_layers": sorted(spreads)}}
+                               "tensors": len(tensors), "ffm_arithmetic": arithmetic}}
     save_checkpoint(ckpt, dst)
     LOGGER.info(f"Converted {src} ({qualname}, {len(tensors)} tensors, {len(names)} classes) -> {dst}")
     return ckpt

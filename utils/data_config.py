@@ -36,6 +36,16 @@ def _parse_names(names, yaml_file) -> list:
     return [str(n) for n in names]
 
 
+def _parse_max_det(max_det, yaml_file):
+    """The optional ``max_det`` (detections kept per image in evaluation) as a positive int, or None."""
+    if max_det is None:
+        return None
+    if isinstance(max_det, numbers.Integral) and not isinstance(max_det, bool) and max_det >= 1:
+        return int(max_det)
+    raise UserError(f"{yaml_file}: 'max_det' must be a positive whole number (detections kept per image in "
+                    f"evaluation), got {max_det!r}; write e.g. max_det: 1500 or leave it out")
+
+
 def _parse_nc(nc, yaml_file):
     """The optional ``nc`` as an int (None when absent). A string of digits such as "2" is read as that
     number with a note; anything else (a fraction, a bool, a word, a list) is a UserError."""
@@ -114,8 +124,9 @@ def check_dataset(path) -> dict:
     """Load and validate a data set YAML (or an already-loaded dict); generate its data if declared.
 
     Returns the YAML's dict with ``path`` (absolute str), ``train``, ``val``, optional ``test``
-    (absolute path strings or lists of them), ``nc`` (int), ``names`` (list of str) and
-    ``yaml_file`` (str). Every problem is a UserError naming the file, the key and the path.
+    (absolute path strings or lists of them), ``nc`` (int), ``names`` (list of str),
+    ``yaml_file`` (str) and, when the YAML sets it, ``max_det`` (positive int). Every problem is a
+    UserError naming the file, the key and the path.
     """
     if isinstance(path, dict):
         data, yaml_file = dict(path), Path(path.get("yaml_file") or Path.cwd() / "data.yaml")
@@ -131,6 +142,8 @@ def check_dataset(path) -> dict:
     nc = _parse_nc(data.get("nc"), yaml_file)
     if nc is not None and nc != len(names):
         raise UserError(f"{yaml_file}: nc={nc} but 'names' has {len(names)} entries; make them agree")
+    if data.get("max_det") is not None:
+        data["max_det"] = _parse_max_det(data["max_det"], yaml_file)
     root = _resolve_root(data.get("path"), yaml_file)
     data.update(path=str(root), nc=len(names), names=names, yaml_file=str(yaml_file))
     for key in SPLITS:

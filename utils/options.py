@@ -56,7 +56,7 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
     """Raise one :class:`UserError` line for the first option that breaks ``rules``; return ``opt``."""
     for name in rules.positive:
         value = getattr(opt, name)
-        if any(v < 1 for v in _values(value)):
+        if value is not None and any(v < 1 for v in _values(value)):
             raise UserError(f"{flag_name(name)} {value}: must be a positive integer")
     for name in rules.non_negative:
         value = getattr(opt, name)

@@ -132,6 +132,9 @@ def convert_split(src, split, path, data, ids, opt, writer) -> None:
         writer.add(split, image, Path(file_name).name, [r for r in rows if r is not None])
 
 
+AITOD_MAX_DET = 1500  # detections per image the AI-TOD evaluation keeps (maxDets of its COCO tooling)
+
+
 def convert(opt) -> None:
     """Convert ``opt.src`` into ``opt.out``."""
     src = require_dir(opt.src)
@@ -143,4 +146,5 @@ def convert(opt) -> None:
             convert_split(src, split, path, data, ids, opt, writer)
         mapping = {"note": "class index in this data set -> category id and name in the source JSON",
                    "classes": {i: {"category_id": cid, "name": names[i]} for cid, i in ids.items()}}
-        writer.publish(opt.name or fmt, names, {"category_map.yaml": mapping})
+        writer.publish(opt.name or fmt, names, {"category_map.yaml": mapping},
+                       {"max_det": AITOD_MAX_DET} if fmt == "AI-TOD" else None)

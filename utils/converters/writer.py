@@ -143,15 +143,17 @@ class DatasetWriter:
         return (f"{self.fmt}: {sum(self.images.values())} images ({splits or 'none'}){skipped}, "
                 f"{sum(self.boxes.values())} boxes, {n_drop} dropped" + (f" ({reasons})" if reasons else ""))
 
-    def publish(self, yaml_name: str, names: list, extra_files: dict | None = None) -> Path:
-        """Write the data YAML, ``conversion.yaml`` and ``extra_files`` (name -> dict), then swap into ``--out``.
+    def publish(self, yaml_name: str, names: list, extra_files: dict | None = None,
+                settings: dict | None = None) -> Path:
+        """Write the data YAML (with ``settings`` such as ``max_det`` after ``names``), ``conversion.yaml``
+        and ``extra_files`` (name -> dict), then swap into ``--out``.
 
         Returns the data YAML's final path. A conversion without images is a UserError.
         """
         if not sum(self.images.values()):
             raise UserError(f"{self.fmt}: no images were converted from the source folder; check --src "
                             f"(the expected layout is in docs/datasets.md)")
-        data = {"path": ".", **self._split_entries(), "names": dict(enumerate(names))}
+        data = {"path": ".", **self._split_entries(), "names": dict(enumerate(names)), **(settings or {})}
         self._dump(f"{yaml_name}.yaml", data)
         for file_name, content in (extra_files or {}).items():
             self._dump(file_name, content)
