@@ -193,7 +193,9 @@ def _validation_loader(data, task, imgsz, batch_size, stride, single_cls, worker
                              prefix=colorstr(f"{task}: "), nc=data["nc"])[0]
 
 
-def _class_names(names, model, data):
+def _class_names(names, model, data, single_cls=False):
+    if single_cls:
+        return {0: "item"}
     names = names or getattr(model, "names", None) or data["names"]
     return dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
 
@@ -224,9 +226,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     model.eval()
     max_det = detections_per_image(max_det, data)
     nc = 1 if single_cls else int(data["nc"])
-    names = _class_names(names, model, data)
-    if single_cls:
-        names = {0: "item"}
+    names = _class_names(names, model, data, single_cls)
     if dataloader is None:
         dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers)
 
