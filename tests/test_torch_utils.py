@@ -3,6 +3,7 @@
 import io
 import logging
 import math
+import os
 import random
 import time
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from utils import torch_utils
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.torch_utils import (EarlyStopping, ModelEMA, cuda_rng_state, de_parallel, get_rng_state, intersect_dicts,
@@ -53,21 +55,54 @@ def test_malformed_device_is_user_error(bad, monkeypatch):
 
 
 def test_cuda_request_without_cuda_is_user_error(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match="--device '0': CUDA is not available.*--device cpu"):
         select_device("0")
 
 
-def test_missing_gpu_index_is_user_error(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(UserError, match="--device '2'.*2 visible CUDA device"):
-        select_device("2")
+@pytest.fixture
+def two_gpu_driver(monkeypatch):
+    """A CUDA driver with two GPUs that, like the real one, reads CUDA_VISIBLE_DEVICES once, at its first call.
+
+    Yields the list of masks it read (one at most); the visible count stops at the first invalid index.
+    """
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    masks = []
+
+    def visible():
+        if not masks:
+            masks.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if masks[0] is None:
+            return 2
+        count = 0
+        for part in masks[0].split(","):
+            if not part.isdigit() or int(part) >= 2:
+                break
+            count += 1
+        return count
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible() > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", visible)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch_utils, "_describe_cuda", lambda index: f"CUDA:{index}")
+    return masks
 
 
-def test_batch_size_must_divide_over_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+@pytest.mark.parametrize("request_text, mask, index", [("1", "1", 0), ("0", "0", 0), ("1,0", "1,0", 0)])
+def test_gpu_list_is_exported_before_the_driver_first_reads_it(two_gpu_driver, request_text, mask, index):
+    assert select_device(request_text) == torch.device("cuda", index)
+    assert two_gpu_driver == [mask] and os.environ["CUDA_VISIBLE_DEVICES"] == mask
+
+
+@pytest.mark.parametrize("request_text, match", [("2", "--device '2'.*device\\(s\\) 2.*nvidia-smi -L"),
+                                                 ("0,5", "--device '0,5': only 1 of CUDA device\\(s\\) 0,5")])
+def test_missing_gpu_index_is_user_error(two_gpu_driver, request_text, match):
+    with pytest.raises(UserError, match=match):
+        select_device(request_text)
+
+
+def test_batch_size_must_divide_over_gpus(two_gpu_driver):
     with pytest.raises(UserError, match="--batch-size 3"):
         select_device("0,1", batch_size=3)
 

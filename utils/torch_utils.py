@@ -61,14 +61,20 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     ``'cpu'`` -> CPU; ``'0'`` or ``'0,1'`` -> those CUDA devices; ``''`` -> ``cuda:0`` when CUDA is
     available, else CPU. Under DDP (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th
     listed GPU. When CUDA is not yet initialised, an explicit GPU list is exported as
-    ``CUDA_VISIBLE_DEVICES`` (so child processes and DDP ranks see the same GPUs) and indices are
-    renumbered from 0; once CUDA is initialised the variable would have no effect, so it is left
-    alone and the physical index is used. CPU requests never touch the variable, because hiding
+    ``CUDA_VISIBLE_DEVICES`` before the first CUDA call (so child processes and DDP ranks see the
+    same GPUs) and indices are renumbered from 0; once CUDA is initialised the variable would have
+    no effect, so it is left alone and the physical index is used. CPU requests never touch the variable, because hiding
     GPUs would leak into everything else running in this process.
     Invalid requests and a ``batch_size`` not divisible by the GPU count raise UserError.
     """
     request = _parse_device_request(device)
     header = f"Python-{sys.version.split()[0]} torch-{torch.__version__} "
+    exported = request not in ("", "cpu", "mps") and not torch.cuda.is_initialized()
+    if exported:
+        # The driver reads the variable once, at its first call, and torch.cuda.is_available() below is such a
+        # call: exporting after it would leave the renumbered cuda:0 pointing at physical GPU 0.
+        physical = _cuda_ids(request)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in physical)
     if request == "cpu" or (request == "" and not torch.cuda.is_available()):
         LOGGER.info(f"{header}CPU")
         return torch.device("cpu")
@@ -78,10 +84,14 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
         LOGGER.info(f"{header}MPS")
         return torch.device("mps")
     if not torch.cuda.is_available():
-        raise UserError(f"--device {device!r}: CUDA is not available on this machine "
-                        f"(torch {torch.__version__}); use --device cpu")
-    ids = _cuda_ids(request) if request else [0]
+        which = f" for device(s) {request}; choose among the indices nvidia-smi -L lists, or" if exported else ";"
+        raise UserError(f"--device {device!r}: CUDA is not available on this machine (torch {torch.__version__})"
+                        f"{which} use --device cpu")
+    ids = list(range(len(physical))) if exported else (_cuda_ids(request) if request else [0])
     available = torch.cuda.device_count()
+    if exported and available < len(ids):
+        raise UserError(f"--device {device!r}: only {available} of CUDA device(s) {request} exist on this machine; "
+                        "choose among the indices that nvidia-smi -L lists")
     if max(ids) >= available:
         raise UserError(f"--device {device!r}: this machine has {available} visible CUDA device(s) "
                         f"(indices 0..{available - 1}); choose among them")
@@ -92,9 +102,6 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     if slot >= len(ids):
         raise UserError(f"--device {device!r}: LOCAL_RANK {LOCAL_RANK} needs at least {slot + 1} GPUs "
                         "in --device; list one GPU per process")
-    if request and not torch.cuda.is_initialized():
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
-        ids = list(range(len(ids)))
     LOGGER.info(header + ", ".join(_describe_cuda(i) for i in ids))
     return torch.device("cuda", ids[slot])
 
@@ -429,6 +436,10 @@ def determinism_state() -> dict:
     }
 
 
+# The distinctive words of the too-late warning below; the GPU proof searches run logs for them.
+CUBLAS_TOO_LATE = "now has no effect on cuBLAS"
+
+
 def _ensure_cublas_workspace() -> None:
     """Export ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS is only deterministic with it).
 
@@ -440,7 +451,7 @@ def _ensure_cublas_workspace() -> None:
         return
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         LOGGER.warning(f"CUDA was initialised with CUBLAS_WORKSPACE_CONFIG={current}; setting "
-                       f"{CUBLAS_WORKSPACE_CONFIG} now has no effect on cuBLAS in this process. Export "
+                       f"{CUBLAS_WORKSPACE_CONFIG} {CUBLAS_TOO_LATE} in this process. Export "
                        f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE_CONFIG} before starting Python.")
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
 
