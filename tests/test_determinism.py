@@ -288,6 +288,20 @@ def test_audit_finds_ops_with_phase_and_innermost_module():
     assert "block.inner (PutGradient)" in text and "adaptive_max_pool2d_backward" in text
 
 
+def test_audit_runs_on_meta_where_the_cpu_has_no_kernel():
+    """The GPU proof's 'histc int' row audits on meta (no integer histc on a CPU); autocast must not stop it."""
+    class Histograms(nn.Module):
+        def forward(self, x):
+            return x.mean(), torch.histc(x.detach(), bins=4, min=0, max=1), torch.histc(
+                (x.detach() * 4).long(), bins=4, min=0, max=4)
+
+    model = nn.Sequential(nn.Conv2d(3, 2, 1), Histograms()).to("meta")
+    report = audit_model(model, imgsz=8, device="meta")
+    assert report.device == "meta" and report.op_counts["forward"] > 0
+    assert findings_of(report) == {("histc", "forward", "1 (Histograms)")}  # the float one only
+    assert report.findings[0].devices == ("cuda",)
+
+
 def test_audit_reports_forward_ops():
     class Unpool(nn.Module):
         def forward(self, x):
