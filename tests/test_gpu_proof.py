@@ -241,3 +241,32 @@ def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
         ratio = seconds[mode] / seconds["warn"]
         assert f"x{ratio:.3f} vs warn" in rows[mode].detail and rows[mode].data["baseline"] == "warn"
         assert "vs off" not in rows[mode].detail
+
+
+def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_path):
+    """Finding 9: the watcher polled last.pt and could SIGKILL a run that had already finished.
+
+    With train.py's test-only switch the run saves after batch 3 of epoch 0 and SIGKILLs itself,
+    however fast or slow the machine is; the position is the one asked for.
+    """
+    import proof_runs
+
+    settings = proof_runs.RunSettings(shapes_data, tmp_path / "runs", "cpu", 64, 1, 4, 0, threads=1)
+    position, killed = proof_runs.kill_mid_epoch(settings.command(tiny_cfg, "k"), settings.project, "k", 600,
+                                                 threads=1, batch=3)
+    assert killed.returncode == -9, killed.tail()
+    assert position == [0, 3], killed.tail()
+    assert "Final EMA weights" not in killed.log
+
+
+def test_the_kill_switch_rejects_a_bad_value(monkeypatch):
+    from utils.errors import UserError
+    from utils.run_state import SIGKILL_AFTER_BATCH_ENV, sigkill_after_batch
+
+    monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "0")
+    with pytest.raises(UserError, match=f"{SIGKILL_AFTER_BATCH_ENV}='0'"):
+        sigkill_after_batch()
+    monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "5")
+    assert sigkill_after_batch() == 5
+    monkeypatch.delenv(SIGKILL_AFTER_BATCH_ENV)
+    assert sigkill_after_batch() == 0
