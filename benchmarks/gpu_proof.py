@@ -114,13 +114,18 @@ def ops_section(proof: Proof, device: torch.device) -> None:
 # ----------------------------------------------------------------------------- training runs
 
 
-def start_reruns(pool, settings: RunSettings, cfg: Path, deadline: float) -> dict:
-    """Submit the reference run, a rerun, a ``--workers 0`` rerun and a kill-and-resume run of ``cfg``."""
-    stem = cfg.stem
+def start_reruns(pool, settings: RunSettings, cfgs: tuple, deadline: float) -> dict:
+    """Submit, per model in ``cfgs``, a reference run, a rerun, a ``--workers 0`` rerun and a kill-and-resume run.
+
+    The kill-and-resume chains (a run, then its resume) are the longest tasks, so they are submitted first:
+    queued behind other runs they would end past the deadline and be reported as killed.
+    """
+    futures = {cfg: {"killed": pool.submit(kill_and_resume, settings, cfg, f"{cfg.stem}-killed", deadline)}
+               for cfg in cfgs}
     runs = {"first": (), "again": (), "workers0": ("--workers", "0")}
-    futures = {key: pool.submit(run_named, settings, cfg, f"{stem}-{key}", deadline, *flags)
-               for key, flags in runs.items()}
-    futures["killed"] = pool.submit(kill_and_resume, settings, cfg, f"{stem}-killed", deadline)
+    for cfg in cfgs:
+        futures[cfg].update({key: pool.submit(run_named, settings, cfg, f"{cfg.stem}-{key}", deadline, *flags)
+                             for key, flags in runs.items()})
     return futures
 
 
@@ -315,7 +320,7 @@ def prove(proof: Proof, plan: Plan, device: torch.device, work: Path, jobs: int)
                             custom_modules=True, threads=threads)
     deadline = time.monotonic() + max(proof.remaining() - plan.timing_reserve_s, 10)
     with ThreadPoolExecutor(jobs) as pool:
-        reruns = {cfg: start_reruns(pool, runs, cfg, deadline) for cfg in plan.rerun_models}
+        reruns = start_reruns(pool, runs, plan.rerun_models, deadline)
         scam = start_scam_runs(pool, scam_runs, scam_cfg, deadline)
         scam_section(proof, device, scam, scam_cfg, block, plan.imgsz)
         for cfg, futures in reruns.items():

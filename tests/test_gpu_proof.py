@@ -270,3 +270,24 @@ def test_the_kill_switch_rejects_a_bad_value(monkeypatch):
     assert sigkill_after_batch() == 5
     monkeypatch.delenv(SIGKILL_AFTER_BATCH_ENV)
     assert sigkill_after_batch() == 0
+
+
+def test_kill_and_resume_chains_start_first(tmp_path):
+    """Finding 2: l-ffca-yolo's kill-and-resume chain was the 8th task of a 6-slot pool and could miss the deadline."""
+    import gpu_proof
+
+    class RecordingPool:
+        def __init__(self):
+            self.order = []
+
+        def submit(self, func, settings, cfg, name, *rest):
+            self.order.append(name)
+            return Done(name)
+
+    pool = RecordingPool()
+    futures = gpu_proof.start_reruns(pool, None, gpu_proof.FULL.rerun_models, deadline=0)
+    stems = [cfg.stem for cfg in gpu_proof.FULL.rerun_models]
+    assert pool.order[:len(stems)] == [f"{stem}-killed" for stem in stems]
+    assert len(pool.order) == 4 * len(stems) and len(stems) <= 6  # both chains get a slot of the 6 at once
+    assert {key for cfg in futures for key in futures[cfg]} == {"killed", "first", "again", "workers0"}
+    assert futures[gpu_proof.FULL.rerun_models[1]]["killed"].result() == f"{stems[1]}-killed"
