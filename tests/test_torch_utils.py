@@ -54,8 +54,15 @@ def test_malformed_device_is_user_error(bad, monkeypatch):
         select_device(bad)
 
 
+def no_gpu_mask(monkeypatch):
+    """Unset CUDA_VISIBLE_DEVICES for one test; select_device's export is undone after it too."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # records the value to restore
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch_utils, "_exported_mask", None)
+
+
 def test_cuda_request_without_cuda_is_user_error(monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    no_gpu_mask(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match="--device '0': CUDA is not available.*--device cpu"):
         select_device("0")
@@ -67,7 +74,7 @@ def two_gpu_driver(monkeypatch):
 
     Yields the list of masks it read (one at most); the visible count stops at the first invalid index.
     """
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    no_gpu_mask(monkeypatch)
     masks = []
 
     def visible():
@@ -93,6 +100,28 @@ def two_gpu_driver(monkeypatch):
 def test_gpu_list_is_exported_before_the_driver_first_reads_it(two_gpu_driver, request_text, mask, index):
     assert select_device(request_text) == torch.device("cuda", index)
     assert two_gpu_driver == [mask] and os.environ["CUDA_VISIBLE_DEVICES"] == mask
+
+
+@pytest.mark.parametrize("inherited, request_text, mask",
+                         [("1", "0", "1"), ("1,0", "1", "0"), ("1,0", "1,0", "0,1")])
+def test_indices_count_within_the_mask_the_process_was_started_with(two_gpu_driver, monkeypatch, inherited,
+                                                                     request_text, mask):
+    """A user's CUDA_VISIBLE_DEVICES, or the GPU proof's child runs told --device 0 under the parent's mask."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", inherited)
+    assert select_device(request_text) == torch.device("cuda", 0)
+    assert two_gpu_driver == [mask] and os.environ["CUDA_VISIBLE_DEVICES"] == mask
+
+
+def test_an_index_outside_the_inherited_mask_is_user_error(two_gpu_driver, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(UserError, match="--device '1': CUDA_VISIBLE_DEVICES='1' leaves 1 GPU\\(s\\) visible"):
+        select_device("1")
+    assert two_gpu_driver == []
+
+
+def test_a_second_selection_in_the_same_process_keeps_its_own_mask(two_gpu_driver):
+    assert select_device("1") == select_device("1") == torch.device("cuda", 0)
+    assert two_gpu_driver == ["1"] and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 @pytest.mark.parametrize("request_text, match", [("2", "--device '2'.*device\\(s\\) 2.*nvidia-smi -L"),

@@ -49,6 +49,26 @@ def _cuda_ids(request: str) -> list[int]:
     return ids
 
 
+_exported_mask = None  # the CUDA_VISIBLE_DEVICES value select_device last exported in this process
+
+
+def _masked_ids(ids: list[int], device) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entries for the requested ``ids``.
+
+    A mask this process was started with (a user's ``CUDA_VISIBLE_DEVICES=2,3``, or a parent such
+    as the GPU proof that selected a GPU) already renumbered the GPUs, so ``ids`` count within it;
+    a mask this process exported itself is replaced, as the indices count the same GPUs as before.
+    """
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None or mask == _exported_mask:
+        return [str(i) for i in ids]
+    visible = [entry.strip() for entry in mask.split(",") if entry.strip()]
+    if max(ids) >= len(visible):
+        raise UserError(f"--device {device!r}: CUDA_VISIBLE_DEVICES={mask!r} leaves {len(visible)} GPU(s) "
+                        f"visible (indices 0..{len(visible) - 1}); choose among them or unset it")
+    return [visible[i] for i in ids]
+
+
 def _describe_cuda(index: int) -> str:
     """``'CUDA:0 (NVIDIA H200, 143771MiB)'`` for the visible device ``index``."""
     props = torch.cuda.get_device_properties(index)
@@ -62,19 +82,21 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     available, else CPU. Under DDP (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th
     listed GPU. When CUDA is not yet initialised, an explicit GPU list is exported as
     ``CUDA_VISIBLE_DEVICES`` before the first CUDA call (so child processes and DDP ranks see the
-    same GPUs) and indices are renumbered from 0; once CUDA is initialised the variable would have
-    no effect, so it is left alone and the physical index is used. CPU requests never touch the variable, because hiding
-    GPUs would leak into everything else running in this process.
+    same GPUs) and indices are renumbered from 0; the indices count within a mask the process was
+    started with (:func:`_masked_ids`). Once CUDA is initialised the variable would have no effect,
+    so it is left alone and the index is used as given. CPU requests never touch the variable,
+    because hiding GPUs would leak into everything else running in this process.
     Invalid requests and a ``batch_size`` not divisible by the GPU count raise UserError.
     """
+    global _exported_mask
     request = _parse_device_request(device)
     header = f"Python-{sys.version.split()[0]} torch-{torch.__version__} "
     exported = request not in ("", "cpu", "mps") and not torch.cuda.is_initialized()
     if exported:
         # The driver reads the variable once, at its first call, and torch.cuda.is_available() below is such a
         # call: exporting after it would leave the renumbered cuda:0 pointing at physical GPU 0.
-        physical = _cuda_ids(request)
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in physical)
+        physical = _masked_ids(_cuda_ids(request), device)
+        _exported_mask = os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(physical)
     if request == "cpu" or (request == "" and not torch.cuda.is_available()):
         LOGGER.info(f"{header}CPU")
         return torch.device("cpu")
