@@ -485,11 +485,27 @@ def test_strict_adoption_stops_on_what_torch_flagged():
 
 def test_scoped_adoption_relaxes_only_for_backward_findings():
     policy = configure_determinism("scoped")
-    summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[PUT_FINDING, UNPOOL_FINDING]))
-    assert policy.relax_backward is True
-    assert "put_" in summary and "max_unpool2d" in summary and "cannot fix" in summary
-    policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[UNPOOL_FINDING]))
+    summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[PUT_FINDING]))
+    assert policy.relax_backward is True and "backward relaxed because of put_" in summary
+    policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[]))
     assert policy.relax_backward is False
+
+
+@pytest.mark.parametrize("findings", [[UNPOOL_FINDING], [PUT_FINDING, UNPOOL_FINDING]])
+def test_scoped_stops_at_start_up_on_a_forward_finding(findings):
+    """Issue 23 finding 10: scoped used to log it and let torch raise at batch 1 with a traceback."""
+    policy = configure_determinism("scoped")
+    with pytest.raises(UserError) as stop:
+        policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings))
+    message = str(stop.value)
+    assert message.startswith("--deterministic scoped: 1 op(s) outside the backward pass") and "\n" not in message
+    assert "max_unpool2d" in message and "put_" not in message and "--deterministic warn" in message
+
+
+def test_warn_reports_a_forward_finding_and_goes_on():
+    policy = configure_determinism("warn")
+    summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[UNPOOL_FINDING]))
+    assert "max_unpool2d" in summary and "cannot fix" in summary and policy.relax_backward is False
 
 
 # ----------------------------------------------------------------------------- AutoBatch under the policy

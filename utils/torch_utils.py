@@ -530,19 +530,20 @@ class DeterminismPolicy:
 
         ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
         UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
-        only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed and
-        are called out. ``report`` is a ``utils.op_audit.AuditReport``.
+        only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed, so
+        they stop the run here with a UserError as strict does, not at the first batch.
+        ``report`` is a ``utils.op_audit.AuditReport``.
         """
         failing = report.applicable()
         backward = [f for f in failing if f.phase == "backward"]
         forward = [f for f in failing if f.phase != "backward"]  # forward and step: nothing relaxes them
         if self.mode == "strict" and failing:
             raise UserError(_strict_failure_message(report.device, failing))
+        if self.mode == "scoped" and forward:  # torch would raise at the first batch, with a traceback
+            raise UserError(_scoped_failure_message(report.device, forward))
         if self.mode == "scoped":
             self.relax_backward = bool(backward)
         summary = _adoption_summary(self.mode, report, backward, forward, self.relax_backward)
-        if self.mode == "scoped" and forward:
-            LOGGER.warning(summary)
         self.audit_summary = summary
         self.audit = report.to_dict()
         return summary
@@ -597,6 +598,15 @@ def _strict_failure_message(device: str, failing: list) -> str:
             f"implementation on {device}: {ops}. Ways out: --deterministic scoped (relaxes only the "
             "backward pass), --deterministic warn (reports and continues), or replace the module with "
             "a deterministic one; see docs/determinism.md")
+
+
+def _scoped_failure_message(device: str, forward: list) -> str:
+    """One line: ops outside the backward that scoped cannot relax on ``device``, and the ways out."""
+    ops = "; ".join(_finding_text(f) for f in forward)
+    return (f"--deterministic scoped: {len(forward)} op(s) outside the backward pass have no deterministic "
+            f"implementation on {device}: {ops}. scoped relaxes only the backward, so training would stop at "
+            "the first batch. Ways out: --deterministic warn (reports and continues), or replace the module "
+            "with a deterministic one; see docs/determinism.md")
 
 
 def _adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
