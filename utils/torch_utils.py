@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from utils.determinism_messages import adoption_summary, scoped_failure_message, strict_failure_message
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
 
@@ -471,7 +472,7 @@ def _ensure_cublas_workspace() -> None:
     current = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if current in _CUBLAS_DETERMINISTIC_VALUES:
         return
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # not is_available(): it starts the driver before select_device picks a GPU
         LOGGER.warning(f"CUDA was initialised with CUBLAS_WORKSPACE_CONFIG={current}; setting "
                        f"{CUBLAS_WORKSPACE_CONFIG} {CUBLAS_TOO_LATE} in this process. Export "
                        f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE_CONFIG} before starting Python.")
@@ -538,12 +539,12 @@ class DeterminismPolicy:
         backward = [f for f in failing if f.phase == "backward"]
         forward = [f for f in failing if f.phase != "backward"]  # forward and step: nothing relaxes them
         if self.mode == "strict" and failing:
-            raise UserError(_strict_failure_message(report.device, failing))
+            raise UserError(strict_failure_message(report.device, failing))
         if self.mode == "scoped" and forward:  # torch would raise at the first batch, with a traceback
-            raise UserError(_scoped_failure_message(report.device, forward))
+            raise UserError(scoped_failure_message(report.device, forward))
         if self.mode == "scoped":
             self.relax_backward = bool(backward)
-        summary = _adoption_summary(self.mode, report, backward, forward, self.relax_backward)
+        summary = adoption_summary(self.mode, report, backward, forward, self.relax_backward)
         self.audit_summary = summary
         self.audit = report.to_dict()
         return summary
@@ -584,50 +585,6 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     torch.backends.cudnn.benchmark = not deterministic
     torch.use_deterministic_algorithms(deterministic, warn_only=mode == "warn")
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
-
-
-def _finding_text(f) -> str:
-    """``adaptive_max_pool2d_backward (backward, model.9 (SCAM))``."""
-    return f"{f.op} ({f.phase}, {f.module})"
-
-
-def _strict_failure_message(device: str, failing: list) -> str:
-    """One line: what fails under strict on ``device`` and the ways out."""
-    ops = "; ".join(_finding_text(f) for f in failing)
-    return (f"--deterministic strict: {len(failing)} op(s) of this model have no deterministic "
-            f"implementation on {device}: {ops}. Ways out: --deterministic scoped (relaxes only the "
-            "backward pass), --deterministic warn (reports and continues), or replace the module with "
-            "a deterministic one; see docs/determinism.md")
-
-
-def _scoped_failure_message(device: str, forward: list) -> str:
-    """One line: ops outside the backward that scoped cannot relax on ``device``, and the ways out."""
-    ops = "; ".join(_finding_text(f) for f in forward)
-    return (f"--deterministic scoped: {len(forward)} op(s) outside the backward pass have no deterministic "
-            f"implementation on {device}: {ops}. scoped relaxes only the backward, so training would stop at "
-            "the first batch. Ways out: --deterministic warn (reports and continues), or replace the module "
-            "with a deterministic one; see docs/determinism.md")
-
-
-def _adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
-    """The line train.py logs after adopting an audit."""
-    where = report.device
-    if not report.findings:
-        return f"determinism audit ({mode}): clean on {where}; full determinism kept"
-    elsewhere = [f for f in report.findings if f not in backward and f not in forward]
-    parts = [f"determinism audit ({mode}) on {where}:"]
-    if backward:
-        verb = "backward relaxed because of" if relax else "non-deterministic backward ops:"
-        parts.append(f"{verb} {', '.join(_finding_text(f) for f in backward)}.")
-    if forward:
-        parts.append(f"forward/step ops the backward scope cannot fix (use --deterministic warn or replace the "
-                     f"module): {', '.join(_finding_text(f) for f in forward)}.")
-    if elsewhere:
-        parts.append(f"would fail on {'/'.join(sorted({d for f in elsewhere for d in f.devices}))} only: "
-                     f"{', '.join(_finding_text(f) for f in elsewhere)}.")
-    if not backward and not forward:
-        parts.append("nothing to relax here; full determinism kept.")
-    return " ".join(parts)
 
 
 if __name__ == "__main__":
