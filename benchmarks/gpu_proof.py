@@ -1,7 +1,9 @@
 """The GPU proof: every single-GPU determinism claim of this project, checked in one command.
 
-    python benchmarks/gpu_proof.py --out proof.json                      # one CUDA GPU, under 5 minutes
-    python benchmarks/gpu_proof.py --device cpu --quick --out proof.json # CPU, about a minute (test suite)
+    python benchmarks/gpu_proof.py --out proof.json 2>&1 | tee proof.log  # one CUDA GPU, 290 s budget
+    python benchmarks/gpu_proof.py --device cpu --quick --out proof.json   # the CPU check (test suite)
+
+The quick plan is the CPU check: the full plan is sized for a GPU and refuses --device cpu.
 
 Sections (each row PASS, FAIL, SKIP or INFO; the table is printed and written to ``--out``):
 

@@ -291,3 +291,12 @@ def test_kill_and_resume_chains_start_first(tmp_path):
     assert len(pool.order) == 4 * len(stems) and len(stems) <= 6  # both chains get a slot of the 6 at once
     assert {key for cfg in futures for key in futures[cfg]} == {"killed", "first", "again", "workers0"}
     assert futures[gpu_proof.FULL.rerun_models[1]]["killed"].result() == f"{stems[1]}-killed"
+
+
+def test_help_names_the_cpu_check(capsys):
+    import gpu_proof
+
+    with pytest.raises(SystemExit):
+        gpu_proof.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "The quick plan is the CPU check" in text and "--device cpu --quick" in text
