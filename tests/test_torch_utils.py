@@ -124,6 +124,15 @@ def test_a_second_selection_in_the_same_process_keeps_its_own_mask(two_gpu_drive
     assert two_gpu_driver == ["1"] and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
 
 
+def test_preparing_determinism_leaves_the_driver_to_select_device(two_gpu_driver, monkeypatch):
+    """train.py exports CUBLAS_WORKSPACE_CONFIG first; asking is_available() there started the driver unmasked."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # records the value to restore
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    torch_utils.prepare_cuda_environment("strict")
+    assert select_device("1") == torch.device("cuda", 0)
+    assert two_gpu_driver == ["1"] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == torch_utils.CUBLAS_WORKSPACE_CONFIG
+
+
 @pytest.mark.parametrize("request_text, match", [("2", "--device '2'.*device\\(s\\) 2.*nvidia-smi -L"),
                                                  ("0,5", "--device '0,5': only 1 of CUDA device\\(s\\) 0,5")])
 def test_missing_gpu_index_is_user_error(two_gpu_driver, request_text, match):
