@@ -9,6 +9,7 @@ Usage (YOLOv5's flags and meanings):
 
 import argparse
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
-from utils.run_state import CheckpointSaver, plain_opt, restore_training_state, training_state  # noqa: E402
+from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state, sigkill_after_batch,  # noqa: E402
+                             training_state)
 from utils.size_metrics import band_row  # noqa: E402
 from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.op_audit import audit_model, detection_loss  # noqa: E402
@@ -385,6 +387,7 @@ class TrainLoop:
         self.mloss = torch.zeros(3, device=self.device)
         self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
         self.compute_loss, self.n_warmup = None, 0
+        self.sigkill_after = sigkill_after_batch()
 
     def restore(self, ckpt) -> None:
         (self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step,
@@ -476,6 +479,11 @@ class TrainLoop:
                     ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng), required=not self.interrupted)
                 if self.interrupted:
                     return False
+            if epoch == 0 and i + 1 == self.sigkill_after and i + 1 < nb:
+                cuda_rng = self.gather_cuda_rng()
+                if main:
+                    ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng), required=True)
+                os.kill(os.getpid(), signal.SIGKILL)
         return True
 
     def show_progress(self, pbar, epoch: int, imgs, targets, paths, i: int, nb: int) -> None:

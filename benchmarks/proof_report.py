@@ -3,7 +3,7 @@
 Every check runs through :meth:`Proof.check`, which turns any exception into a FAIL row with a
 one-line reason, so one broken check never stops the others. The JSON file is rewritten
 atomically after every row (a run cut short still leaves a readable record) and once at the end
-with ``"complete": true``.
+with ``"complete": true`` unless a check was skipped because the budget was spent.
 """
 
 import json
@@ -68,6 +68,7 @@ class Proof:
         self.budget_s = budget_s
         self.meta = dict(meta)
         self.rows: list[Row] = []
+        self.budget_skips = 0  # checks not run because the budget was spent: the proof is then incomplete
         self.started = time.monotonic()
 
     def elapsed(self) -> float:
@@ -83,6 +84,7 @@ class Proof:
         t0 = time.monotonic()
         if self.remaining() <= 0:
             result = skip(f"time budget of {self.budget_s:.0f} s spent before this check")
+            self.budget_skips += 1
         else:
             try:
                 result = func()
@@ -99,9 +101,9 @@ class Proof:
         return {status: sum(r.status == status for r in self.rows) for status in STATUSES}
 
     def write(self, complete: bool) -> None:
-        """Write the whole record to ``out`` atomically."""
+        """Write the whole record to ``out`` atomically; a proof cut short by its budget is never complete."""
         record = {**self.meta, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed(), 1),
-                  "complete": complete, "counts": self.counts(), "rows": [asdict(r) for r in self.rows]}
+                  "complete": complete and not self.budget_skips, "budget_skips": self.budget_skips, "counts": self.counts(), "rows": [asdict(r) for r in self.rows]}
         atomic_write_bytes(self.out, (json.dumps(record, indent=1, default=str) + "\n").encode())
 
     def table(self) -> str:

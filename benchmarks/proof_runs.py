@@ -19,11 +19,14 @@ from pathlib import Path
 
 import torch
 
+from utils.run_state import SIGKILL_AFTER_BATCH_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 LAUNCH_WITH_PROOF_MODULES = "import proof_modules, train; train.cli()"
 CHECKSUM_LINE = re.compile(r"Final EMA weights sha256[^:]*: ([0-9a-f]{64})")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+KILL_AFTER_BATCH = 2  # mid-epoch in both plans (4 batches per epoch in the quick one, 6 in the full one)
 
 
 def read_log(log_file: Path) -> str:
@@ -99,12 +102,12 @@ class RunResult:
         return lines[-1][:300] if lines else "(no output)"
 
 
-def _start(cmd: list, log_file: Path, threads: int | None) -> subprocess.Popen:
+def _start(cmd: list, log_file: Path, threads: int | None, **extra_env: str) -> subprocess.Popen:
     """Start ``cmd`` in ROOT in its own process group, output to ``log_file``."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as log:
-        return subprocess.Popen(cmd, cwd=ROOT, env=child_env(threads), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(cmd, cwd=ROOT, env={**child_env(threads), **extra_env}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -138,24 +141,24 @@ def _mid_epoch_position(last_pt: Path) -> list | None:
     return list(position)
 
 
-def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float,
-                   threads: int | None = None) -> tuple[list | None, RunResult]:
-    """Start ``cmd`` (saving ``last.pt`` after every batch); SIGKILL it once ``last.pt`` is mid-epoch.
+def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float, threads: int | None = None,
+                   batch: int = KILL_AFTER_BATCH) -> tuple[list | None, RunResult]:
+    """Run ``cmd`` with train.py's test-only switch: it saves ``last.pt`` after ``batch`` batches, then SIGKILLs itself.
 
-    Returns the recorded position (None if the run ended first) and the killed run.
+    Returns the recorded position (None unless the run died of its SIGKILL with a mid-epoch ``last.pt``)
+    and the killed run.
     """
     log_file = project / f"{name}.log"
-    last_pt = project / name / "weights" / "last.pt"
     t0 = time.monotonic()
-    proc = _start(cmd, log_file, threads)
-    position = None
+    proc = _start(cmd, log_file, threads, **{SIGKILL_AFTER_BATCH_ENV: str(batch)})
     try:
-        while time.monotonic() - t0 < timeout and proc.poll() is None and position is None:
-            position = _mid_epoch_position(last_pt)
-            if position is None:
-                time.sleep(0.02)
+        proc.wait(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        pass
     finally:
-        _kill_group(proc)
+        _kill_group(proc)  # also its data-loader workers, orphaned by the SIGKILL
+    killed = proc.returncode == -signal.SIGKILL
+    position = _mid_epoch_position(project / name / "weights" / "last.pt") if killed else None
     return position, RunResult(name, proc.returncode, read_log(log_file), project / name,
                                time.monotonic() - t0)
 
@@ -170,7 +173,7 @@ def resume(run: RunResult, settings: RunSettings, timeout: float) -> RunResult:
 
 def kill_and_resume(settings: RunSettings, cfg: Path, name: str, timeout_at: float) -> tuple:
     """SIGKILL a run mid-epoch, resume it; returns ``(position, resumed RunResult)``."""
-    cmd = settings.command(cfg, name, "--save-interval", "0.000001")
+    cmd = settings.command(cfg, name)
     position, killed = kill_mid_epoch(cmd, settings.project, name, timeout_at - time.monotonic(), settings.threads)
     if position is None:
         raise RuntimeError(f"{name}: no mid-epoch checkpoint before the run ended (exit {killed.returncode}): "

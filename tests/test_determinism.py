@@ -288,6 +288,20 @@ def test_audit_finds_ops_with_phase_and_innermost_module():
     assert "block.inner (PutGradient)" in text and "adaptive_max_pool2d_backward" in text
 
 
+def test_audit_runs_on_meta_where_the_cpu_has_no_kernel():
+    """The GPU proof's 'histc int' row audits on meta (no integer histc on a CPU); autocast must not stop it."""
+    class Histograms(nn.Module):
+        def forward(self, x):
+            return x.mean(), torch.histc(x.detach(), bins=4, min=0, max=1), torch.histc(
+                (x.detach() * 4).long(), bins=4, min=0, max=4)
+
+    model = nn.Sequential(nn.Conv2d(3, 2, 1), Histograms()).to("meta")
+    report = audit_model(model, imgsz=8, device="meta")
+    assert report.device == "meta" and report.op_counts["forward"] > 0
+    assert findings_of(report) == {("histc", "forward", "1 (Histograms)")}  # the float one only
+    assert report.findings[0].devices == ("cuda",)
+
+
 def test_audit_reports_forward_ops():
     class Unpool(nn.Module):
         def forward(self, x):
@@ -471,12 +485,27 @@ def test_strict_adoption_stops_on_what_torch_flagged():
 
 def test_scoped_adoption_relaxes_only_for_backward_findings():
     policy = configure_determinism("scoped")
-    summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[PUT_FINDING, UNPOOL_FINDING]))
-    assert policy.relax_backward is True
-    assert "put_" in summary and "max_unpool2d" in summary and "cannot fix" in summary
-    policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[UNPOOL_FINDING]))
+    summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[PUT_FINDING]))
+    assert policy.relax_backward is True and "backward relaxed because of put_" in summary
+    policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[]))
     assert policy.relax_backward is False
 
+
+@pytest.mark.parametrize("findings", [[UNPOOL_FINDING], [PUT_FINDING, UNPOOL_FINDING]])
+def test_scoped_stops_at_start_up_on_a_forward_finding(findings):
+    """Issue 23 finding 10: scoped used to log it and let torch raise at batch 1 with a traceback."""
+    policy = configure_determinism("scoped")
+    with pytest.raises(UserError) as stop:
+        policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings))
+    message = str(stop.value)
+    assert message.startswith("--deterministic scoped: 1 op(s) outside the backward pass") and "\n" not in message
+    assert "max_unpool2d" in message and "put_" not in message and "--deterministic warn" in message
+
+
+def test_warn_reports_a_forward_finding_and_goes_on():
+    policy = configure_determinism("warn")
+    summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[UNPOOL_FINDING]))
+    assert "max_unpool2d" in summary and "cannot fix" in summary and policy.relax_backward is False
 
 
 def test_guarantee_names_the_relaxed_or_warned_ops_with_counts():
@@ -485,7 +514,7 @@ def test_guarantee_names_the_relaxed_or_warned_ops_with_counts():
     second_put = Finding("put_", "backward", "model.7 (PutGradient)", ("cpu", "cuda"), "torch.Tensor.put_")
     findings = [PUT_FINDING, second_put, UNPOOL_FINDING]
     scoped = configure_determinism("scoped")
-    scoped.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings))
+    scoped.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings[:2]))  # a forward one stops scoped
     assert scoped.nondeterministic_ops == {"put_": 2}
     assert run_guarantee(scoped) == "may differ in the last bits because the backward ran relaxed for: put_ x2"
     assert scoped.state()["nondeterministic_ops"] == {"put_": 2}

@@ -7,6 +7,7 @@ budget skips, and bad arguments exit 2 with one line.
 """
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,180 @@ def test_the_gpu_run_s_scam_model_is_flagged_for_cuda_in_every_scam_layer(tmp_pa
     result = gpu_proof.scam_audit_row(cfg, "UpstreamSCAM", "cuda")
     assert result.status == "PASS", result.detail
     assert result.detail.startswith("adaptive_max_pool2d_backward for cuda in layers [24, 25, 26]")
+
+
+# ----------------------------------------------------------------------------- findings of issue 23
+
+
+def stub_prove(calls):
+    """A ``prove`` that records its work folder, generates the data there and runs one passing check."""
+    import gpu_proof
+
+    def prove(proof, plan, device, work, jobs):
+        calls.append(work)
+        gpu_proof.make_data(work, plan)
+        proof.check("ops", "stub", lambda: verdict(True, "ok"))
+    return prove
+
+
+def test_a_proof_cut_by_its_budget_is_incomplete_and_exits_1(tmp_path, monkeypatch):
+    """Finding 3: a budget cut used to write complete: true and exit 0."""
+    import gpu_proof
+
+    monkeypatch.setattr(gpu_proof, "prove", stub_prove([]))
+    out = tmp_path / "p.json"
+    code = gpu_proof.main(["--device", "cpu", "--quick", "--budget", "1e-9", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["rows"][0]["status"] == "SKIP" and "time budget" in record["rows"][0]["detail"]
+    assert code == 1 and record["complete"] is False and record["budget_skips"] == 1
+
+
+def test_the_same_workdir_twice_runs_twice(tmp_path, monkeypatch):
+    """Finding 4: a second run in the same --workdir crashed with FileExistsError while generating data."""
+    import gpu_proof
+
+    calls = []
+    monkeypatch.setattr(gpu_proof, "prove", stub_prove(calls))
+    workdir = tmp_path / "work"
+    for _ in range(2):
+        assert gpu_proof.main(["--device", "cpu", "--quick", "--workdir", str(workdir),
+                               "--out", str(tmp_path / "p.json")]) == 0
+    assert len(set(calls)) == 2 and all(work.parent == workdir for work in calls)
+    assert all((work / "shapes.yaml").is_file() for work in calls)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "ERROR: --device '0': CUDA is not available"),
+    (("--device", "cpu"), "ERROR: --device cpu: the full plan is sized for a GPU"),
+])
+def test_no_quiet_fall_back_to_the_cpu(tmp_path, monkeypatch, capsys, args, message):
+    """Finding 5: without CUDA the default device used to run the full plan on the CPU."""
+    import gpu_proof
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu_proof, "prove", lambda *a: pytest.fail("the proof ran"))
+    with pytest.raises(SystemExit) as stop:
+        gpu_proof.main(["--out", str(tmp_path / "p.json"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith(message) and "--device cpu --quick" in err[0]
+    assert not (tmp_path / "p.json").exists()
+
+
+class FakeRun:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+
+class Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def test_the_cublas_row_fails_only_on_the_too_late_warning(monkeypatch):
+    """Finding 7: any log line with 'has no effect' used to fail the row."""
+    import gpu_proof
+    from utils import torch_utils
+    from utils.logging import LOGGER
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    LOGGER.addHandler(handler)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    try:
+        torch_utils._ensure_cublas_workspace()
+    finally:
+        LOGGER.removeHandler(handler)
+    assert len(lines) == 1, lines  # the real warning, as train.py would log it
+    harmless = "WARNING: --cache ram has no effect with --workers 0"
+    for log, status in ((harmless, "PASS"), (harmless + "\n" + lines[0], "FAIL")):
+        futures = {key: Done(FakeRun(key, log)) for key in ("first", "again", "workers0")}
+        row = gpu_proof.log_row(futures, True, gpu_proof.CUBLAS_TOO_LATE, False, "no cuBLAS too-late warning")
+        assert row.status == status, (log, row.detail)
+
+
+def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
+    """Finding 8: with the off row failed, warn became the baseline but was labelled 'vs off'."""
+    import gpu_proof
+
+    seconds = {"warn": 0.2, "scoped": 0.3, "strict": 0.4}
+
+    def timed(cfg, imgsz, batch, mode, *rest):
+        if mode == "off":
+            raise RuntimeError("off broke")
+        return seconds[mode]
+
+    monkeypatch.setattr(gpu_proof, "time_fixed_batch", timed)
+    proof = Proof(tmp_path / "p.json", budget_s=60, meta={})
+    gpu_proof.timing_section(proof, gpu_proof.QUICK, torch.device("cpu"), tmp_path / "data.yaml")
+    rows = {row.name.rsplit(" ", 1)[1]: row for row in proof.rows}
+    assert rows["off"].status == "FAIL"
+    for mode in ("warn", "scoped", "strict"):
+        ratio = seconds[mode] / seconds["warn"]
+        assert f"x{ratio:.3f} vs warn" in rows[mode].detail and rows[mode].data["baseline"] == "warn"
+        assert "vs off" not in rows[mode].detail
+
+
+def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_path):
+    """Finding 9: the watcher polled last.pt and could SIGKILL a run that had already finished.
+
+    With train.py's test-only switch the run saves after batch 3 of epoch 0 and SIGKILLs itself,
+    however fast or slow the machine is; the position is the one asked for.
+    """
+    import proof_runs
+
+    settings = proof_runs.RunSettings(shapes_data, tmp_path / "runs", "cpu", 64, 1, 4, 0, threads=1)
+    position, killed = proof_runs.kill_mid_epoch(settings.command(tiny_cfg, "k"), settings.project, "k", 600,
+                                                 threads=1, batch=3)
+    assert killed.returncode == -9, killed.tail()
+    assert position == [0, 3], killed.tail()
+    assert "Final EMA weights" not in killed.log
+
+
+def test_the_kill_switch_rejects_a_bad_value(monkeypatch):
+    from utils.errors import UserError
+    from utils.run_state import SIGKILL_AFTER_BATCH_ENV, sigkill_after_batch
+
+    monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "0")
+    with pytest.raises(UserError, match=f"{SIGKILL_AFTER_BATCH_ENV}='0'"):
+        sigkill_after_batch()
+    monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "5")
+    assert sigkill_after_batch() == 5
+    monkeypatch.delenv(SIGKILL_AFTER_BATCH_ENV)
+    assert sigkill_after_batch() == 0
+
+
+def test_kill_and_resume_chains_start_first(tmp_path):
+    """Finding 2: l-ffca-yolo's kill-and-resume chain was the 8th task of a 6-slot pool and could miss the deadline."""
+    import gpu_proof
+
+    class RecordingPool:
+        def __init__(self):
+            self.order = []
+
+        def submit(self, func, settings, cfg, name, *rest):
+            self.order.append(name)
+            return Done(name)
+
+    pool = RecordingPool()
+    futures = gpu_proof.start_reruns(pool, None, gpu_proof.FULL.rerun_models, deadline=0)
+    stems = [cfg.stem for cfg in gpu_proof.FULL.rerun_models]
+    assert pool.order[:len(stems)] == [f"{stem}-killed" for stem in stems]
+    assert len(pool.order) == 4 * len(stems) and len(stems) <= 6  # both chains get a slot of the 6 at once
+    assert {key for cfg in futures for key in futures[cfg]} == {"killed", "first", "again", "workers0"}
+    assert futures[gpu_proof.FULL.rerun_models[1]]["killed"].result() == f"{stems[1]}-killed"
+
+
+def test_help_names_the_cpu_check(capsys):
+    import gpu_proof
+
+    with pytest.raises(SystemExit):
+        gpu_proof.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "The quick plan is the CPU check" in text and "--device cpu --quick" in text

@@ -3,6 +3,7 @@
 import io
 import logging
 import math
+import os
 import random
 import time
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from utils import torch_utils
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.torch_utils import (EarlyStopping, ModelEMA, cuda_rng_state, de_parallel, get_rng_state, intersect_dicts,
@@ -52,22 +54,93 @@ def test_malformed_device_is_user_error(bad, monkeypatch):
         select_device(bad)
 
 
+def no_gpu_mask(monkeypatch):
+    """Unset CUDA_VISIBLE_DEVICES for one test; select_device's export is undone after it too."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # records the value to restore
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch_utils, "_exported_mask", None)
+
+
 def test_cuda_request_without_cuda_is_user_error(monkeypatch):
+    no_gpu_mask(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match="--device '0': CUDA is not available.*--device cpu"):
         select_device("0")
 
 
-def test_missing_gpu_index_is_user_error(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(UserError, match="--device '2'.*2 visible CUDA device"):
-        select_device("2")
+@pytest.fixture
+def two_gpu_driver(monkeypatch):
+    """A CUDA driver with two GPUs that, like the real one, reads CUDA_VISIBLE_DEVICES once, at its first call.
+
+    Yields the list of masks it read (one at most); the visible count stops at the first invalid index.
+    """
+    no_gpu_mask(monkeypatch)
+    masks = []
+
+    def visible():
+        if not masks:
+            masks.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if masks[0] is None:
+            return 2
+        count = 0
+        for part in masks[0].split(","):
+            if not part.isdigit() or int(part) >= 2:
+                break
+            count += 1
+        return count
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible() > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", visible)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch_utils, "_describe_cuda", lambda index: f"CUDA:{index}")
+    return masks
 
 
-def test_batch_size_must_divide_over_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+@pytest.mark.parametrize("request_text, mask, index", [("1", "1", 0), ("0", "0", 0), ("1,0", "1,0", 0)])
+def test_gpu_list_is_exported_before_the_driver_first_reads_it(two_gpu_driver, request_text, mask, index):
+    assert select_device(request_text) == torch.device("cuda", index)
+    assert two_gpu_driver == [mask] and os.environ["CUDA_VISIBLE_DEVICES"] == mask
+
+
+@pytest.mark.parametrize("inherited, request_text, mask",
+                         [("1", "0", "1"), ("1,0", "1", "0"), ("1,0", "1,0", "0,1")])
+def test_indices_count_within_the_mask_the_process_was_started_with(two_gpu_driver, monkeypatch, inherited,
+                                                                     request_text, mask):
+    """A user's CUDA_VISIBLE_DEVICES, or the GPU proof's child runs told --device 0 under the parent's mask."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", inherited)
+    assert select_device(request_text) == torch.device("cuda", 0)
+    assert two_gpu_driver == [mask] and os.environ["CUDA_VISIBLE_DEVICES"] == mask
+
+
+def test_an_index_outside_the_inherited_mask_is_user_error(two_gpu_driver, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(UserError, match="--device '1': CUDA_VISIBLE_DEVICES='1' leaves 1 GPU\\(s\\) visible"):
+        select_device("1")
+    assert two_gpu_driver == []
+
+
+def test_a_second_selection_in_the_same_process_keeps_its_own_mask(two_gpu_driver):
+    assert select_device("1") == select_device("1") == torch.device("cuda", 0)
+    assert two_gpu_driver == ["1"] and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_preparing_determinism_leaves_the_driver_to_select_device(two_gpu_driver, monkeypatch):
+    """train.py exports CUBLAS_WORKSPACE_CONFIG first; asking is_available() there started the driver unmasked."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # records the value to restore
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    torch_utils.prepare_cuda_environment("strict")
+    assert select_device("1") == torch.device("cuda", 0)
+    assert two_gpu_driver == ["1"] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == torch_utils.CUBLAS_WORKSPACE_CONFIG
+
+
+@pytest.mark.parametrize("request_text, match", [("2", "--device '2'.*device\\(s\\) 2.*nvidia-smi -L"),
+                                                 ("0,5", "--device '0,5': only 1 of CUDA device\\(s\\) 0,5")])
+def test_missing_gpu_index_is_user_error(two_gpu_driver, request_text, match):
+    with pytest.raises(UserError, match=match):
+        select_device(request_text)
+
+
+def test_batch_size_must_divide_over_gpus(two_gpu_driver):
     with pytest.raises(UserError, match="--batch-size 3"):
         select_device("0,1", batch_size=3)
 

@@ -489,7 +489,9 @@ class _TrainingStep:
         self.loss = None
 
     def forward(self, tracker: _ModuleTracker) -> None:
-        with torch.autocast(self.images.device.type, enabled=self.amp):
+        # torch.autocast raises on a device without an autocast dtype (meta) even when disabled
+        autocast = torch.autocast(self.images.device.type) if self.amp else contextlib.nullcontext()
+        with autocast:
             output = self.model(self.images)
             with tracker.region("loss") as tag:
                 self.loss = self.loss_fn(output)

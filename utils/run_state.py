@@ -11,6 +11,7 @@ training after a failed save only while an earlier good ``last.pt`` exists; only
 holding the final state is stripped and checksummed (from the file), never a stale one.
 """
 
+import os
 import time
 from copy import deepcopy
 from datetime import datetime
@@ -25,6 +26,22 @@ from utils.files import remove_orphaned_temp_files
 from utils.logging import LOGGER
 from utils.reproducibility import record_checksum
 from utils.torch_utils import de_parallel, get_rng_state
+
+
+# Test-only: the GPU proof's kill-and-resume row sets this so a run SIGKILLs itself right after saving
+# batch N of epoch 0, a point fixed by the run's own progress rather than by when a watcher looks.
+SIGKILL_AFTER_BATCH_ENV = "YOLO_SIGKILL_AFTER_BATCH"
+
+
+def sigkill_after_batch() -> int:
+    """The batch count after which epoch 0 saves ``last.pt`` and SIGKILLs its own process; 0 = never."""
+    value = os.environ.get(SIGKILL_AFTER_BATCH_ENV, "").strip()
+    if not value:
+        return 0
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"{SIGKILL_AFTER_BATCH_ENV}={value!r}: expected a batch count of at least 1 "
+                        f"(a test-only switch; unset it for normal training)")
+    return int(value)
 
 
 def cloned_state(state_dict: dict) -> dict:

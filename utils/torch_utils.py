@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from utils.determinism_messages import adoption_summary, scoped_failure_message, strict_failure_message
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
 
@@ -49,6 +50,26 @@ def _cuda_ids(request: str) -> list[int]:
     return ids
 
 
+_exported_mask = None  # the CUDA_VISIBLE_DEVICES value select_device last exported in this process
+
+
+def _masked_ids(ids: list[int], device) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entries for the requested ``ids``.
+
+    A mask this process was started with (a user's ``CUDA_VISIBLE_DEVICES=2,3``, or a parent such
+    as the GPU proof that selected a GPU) already renumbered the GPUs, so ``ids`` count within it;
+    a mask this process exported itself is replaced, as the indices count the same GPUs as before.
+    """
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None or mask == _exported_mask:
+        return [str(i) for i in ids]
+    visible = [entry.strip() for entry in mask.split(",") if entry.strip()]
+    if max(ids) >= len(visible):
+        raise UserError(f"--device {device!r}: CUDA_VISIBLE_DEVICES={mask!r} leaves {len(visible)} GPU(s) "
+                        f"visible (indices 0..{len(visible) - 1}); choose among them or unset it")
+    return [visible[i] for i in ids]
+
+
 def _describe_cuda(index: int) -> str:
     """``'CUDA:0 (NVIDIA H200, 143771MiB)'`` for the visible device ``index``."""
     props = torch.cuda.get_device_properties(index)
@@ -61,14 +82,22 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     ``'cpu'`` -> CPU; ``'0'`` or ``'0,1'`` -> those CUDA devices; ``''`` -> ``cuda:0`` when CUDA is
     available, else CPU. Under DDP (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th
     listed GPU. When CUDA is not yet initialised, an explicit GPU list is exported as
-    ``CUDA_VISIBLE_DEVICES`` (so child processes and DDP ranks see the same GPUs) and indices are
-    renumbered from 0; once CUDA is initialised the variable would have no effect, so it is left
-    alone and the physical index is used. CPU requests never touch the variable, because hiding
-    GPUs would leak into everything else running in this process.
+    ``CUDA_VISIBLE_DEVICES`` before the first CUDA call (so child processes and DDP ranks see the
+    same GPUs) and indices are renumbered from 0; the indices count within a mask the process was
+    started with (:func:`_masked_ids`). Once CUDA is initialised the variable would have no effect,
+    so it is left alone and the index is used as given. CPU requests never touch the variable,
+    because hiding GPUs would leak into everything else running in this process.
     Invalid requests and a ``batch_size`` not divisible by the GPU count raise UserError.
     """
+    global _exported_mask
     request = _parse_device_request(device)
     header = f"Python-{sys.version.split()[0]} torch-{torch.__version__} "
+    exported = request not in ("", "cpu", "mps") and not torch.cuda.is_initialized()
+    if exported:
+        # The driver reads the variable once, at its first call, and torch.cuda.is_available() below is such a
+        # call: exporting after it would leave the renumbered cuda:0 pointing at physical GPU 0.
+        physical = _masked_ids(_cuda_ids(request), device)
+        _exported_mask = os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(physical)
     if request == "cpu" or (request == "" and not torch.cuda.is_available()):
         LOGGER.info(f"{header}CPU")
         return torch.device("cpu")
@@ -78,10 +107,14 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
         LOGGER.info(f"{header}MPS")
         return torch.device("mps")
     if not torch.cuda.is_available():
-        raise UserError(f"--device {device!r}: CUDA is not available on this machine "
-                        f"(torch {torch.__version__}); use --device cpu")
-    ids = _cuda_ids(request) if request else [0]
+        which = f" for device(s) {request}; choose among the indices nvidia-smi -L lists, or" if exported else ";"
+        raise UserError(f"--device {device!r}: CUDA is not available on this machine (torch {torch.__version__})"
+                        f"{which} use --device cpu")
+    ids = list(range(len(physical))) if exported else (_cuda_ids(request) if request else [0])
     available = torch.cuda.device_count()
+    if exported and available < len(ids):
+        raise UserError(f"--device {device!r}: only {available} of CUDA device(s) {request} exist on this machine; "
+                        "choose among the indices that nvidia-smi -L lists")
     if max(ids) >= available:
         raise UserError(f"--device {device!r}: this machine has {available} visible CUDA device(s) "
                         f"(indices 0..{available - 1}); choose among them")
@@ -92,9 +125,6 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     if slot >= len(ids):
         raise UserError(f"--device {device!r}: LOCAL_RANK {LOCAL_RANK} needs at least {slot + 1} GPUs "
                         "in --device; list one GPU per process")
-    if request and not torch.cuda.is_initialized():
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
-        ids = list(range(len(ids)))
     LOGGER.info(header + ", ".join(_describe_cuda(i) for i in ids))
     return torch.device("cuda", ids[slot])
 
@@ -429,6 +459,10 @@ def determinism_state() -> dict:
     }
 
 
+# The distinctive words of the too-late warning below; the GPU proof searches run logs for them.
+CUBLAS_TOO_LATE = "now has no effect on cuBLAS"
+
+
 def _ensure_cublas_workspace() -> None:
     """Export ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS is only deterministic with it).
 
@@ -438,9 +472,9 @@ def _ensure_cublas_workspace() -> None:
     current = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if current in _CUBLAS_DETERMINISTIC_VALUES:
         return
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # not is_available(): it starts the driver before select_device picks a GPU
         LOGGER.warning(f"CUDA was initialised with CUBLAS_WORKSPACE_CONFIG={current}; setting "
-                       f"{CUBLAS_WORKSPACE_CONFIG} now has no effect on cuBLAS in this process. Export "
+                       f"{CUBLAS_WORKSPACE_CONFIG} {CUBLAS_TOO_LATE} in this process. Export "
                        f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE_CONFIG} before starting Python.")
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
 
@@ -498,21 +532,22 @@ class DeterminismPolicy:
 
         ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
         UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
-        only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed and
-        are called out. ``report`` is a ``utils.op_audit.AuditReport``.
+        only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed, so
+        they stop the run here with a UserError as strict does, not at the first batch.
+        ``report`` is a ``utils.op_audit.AuditReport``.
         """
         failing = report.applicable()
         backward = [f for f in failing if f.phase == "backward"]
         forward = [f for f in failing if f.phase != "backward"]  # forward and step: nothing relaxes them
         if self.mode == "strict" and failing:
-            raise UserError(_strict_failure_message(report.device, failing))
+            raise UserError(strict_failure_message(report.device, failing))
+        if self.mode == "scoped" and forward:  # torch would raise at the first batch, with a traceback
+            raise UserError(scoped_failure_message(report.device, forward))
         if self.mode == "scoped":
             self.relax_backward = bool(backward)
         counted = backward if self.mode == "scoped" and self.relax_backward else failing if self.mode == "warn" else []
         self.nondeterministic_ops = {op: sum(f.op == op for f in counted) for op in sorted({f.op for f in counted})}
-        summary = _adoption_summary(self.mode, report, backward, forward, self.relax_backward)
-        if self.mode == "scoped" and forward:
-            LOGGER.warning(summary)
+        summary = adoption_summary(self.mode, report, backward, forward, self.relax_backward)
         self.audit_summary = summary
         self.audit = report.to_dict()
         return summary
@@ -554,41 +589,6 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     torch.backends.cudnn.benchmark = not deterministic
     torch.use_deterministic_algorithms(deterministic, warn_only=mode == "warn")
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
-
-
-def _finding_text(f) -> str:
-    """``adaptive_max_pool2d_backward (backward, model.9 (SCAM))``."""
-    return f"{f.op} ({f.phase}, {f.module})"
-
-
-def _strict_failure_message(device: str, failing: list) -> str:
-    """One line: what fails under strict on ``device`` and the ways out."""
-    ops = "; ".join(_finding_text(f) for f in failing)
-    return (f"--deterministic strict: {len(failing)} op(s) of this model have no deterministic "
-            f"implementation on {device}: {ops}. Ways out: --deterministic scoped (relaxes only the "
-            "backward pass), --deterministic warn (reports and continues), or replace the module with "
-            "a deterministic one; see docs/determinism.md")
-
-
-def _adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
-    """The line train.py logs after adopting an audit."""
-    where = report.device
-    if not report.findings:
-        return f"determinism audit ({mode}): clean on {where}; full determinism kept"
-    elsewhere = [f for f in report.findings if f not in backward and f not in forward]
-    parts = [f"determinism audit ({mode}) on {where}:"]
-    if backward:
-        verb = "backward relaxed because of" if relax else "non-deterministic backward ops:"
-        parts.append(f"{verb} {', '.join(_finding_text(f) for f in backward)}.")
-    if forward:
-        parts.append(f"forward/step ops the backward scope cannot fix (use --deterministic warn or replace the "
-                     f"module): {', '.join(_finding_text(f) for f in forward)}.")
-    if elsewhere:
-        parts.append(f"would fail on {'/'.join(sorted({d for f in elsewhere for d in f.devices}))} only: "
-                     f"{', '.join(_finding_text(f) for f in elsewhere)}.")
-    if not backward and not forward:
-        parts.append("nothing to relax here; full determinism kept.")
-    return " ".join(parts)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""The determinism policy's messages: what an audit's findings mean for a run, in one line each.
+
+Kept apart from :mod:`utils.torch_utils` (which applies the policy) so that module stays small;
+only plain text is built here, from ``utils.op_audit`` findings and reports.
+"""
+
+
+def finding_text(f) -> str:
+    """``adaptive_max_pool2d_backward (backward, model.9 (SCAM))``."""
+    return f"{f.op} ({f.phase}, {f.module})"
+
+
+def strict_failure_message(device: str, failing: list) -> str:
+    """One line: what fails under strict on ``device`` and the ways out."""
+    ops = "; ".join(finding_text(f) for f in failing)
+    return (f"--deterministic strict: {len(failing)} op(s) of this model have no deterministic "
+            f"implementation on {device}: {ops}. Ways out: --deterministic scoped (relaxes only the "
+            "backward pass), --deterministic warn (reports and continues), or replace the module with "
+            "a deterministic one; see docs/determinism.md")
+
+
+def scoped_failure_message(device: str, forward: list) -> str:
+    """One line: ops outside the backward that scoped cannot relax on ``device``, and the ways out."""
+    ops = "; ".join(finding_text(f) for f in forward)
+    return (f"--deterministic scoped: {len(forward)} op(s) outside the backward pass have no deterministic "
+            f"implementation on {device}: {ops}. scoped relaxes only the backward, so training would stop at "
+            "the first batch. Ways out: --deterministic warn (reports and continues), or replace the module "
+            "with a deterministic one; see docs/determinism.md")
+
+
+def adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
+    """The line train.py logs after adopting an audit."""
+    where = report.device
+    if not report.findings:
+        return f"determinism audit ({mode}): clean on {where}; full determinism kept"
+    elsewhere = [f for f in report.findings if f not in backward and f not in forward]
+    parts = [f"determinism audit ({mode}) on {where}:"]
+    if backward:
+        verb = "backward relaxed because of" if relax else "non-deterministic backward ops:"
+        parts.append(f"{verb} {', '.join(finding_text(f) for f in backward)}.")
+    if forward:
+        parts.append(f"forward/step ops the backward scope cannot fix (use --deterministic warn or replace the "
+                     f"module): {', '.join(finding_text(f) for f in forward)}.")
+    if elsewhere:
+        parts.append(f"would fail on {'/'.join(sorted({d for f in elsewhere for d in f.devices}))} only: "
+                     f"{', '.join(finding_text(f) for f in elsewhere)}.")
+    if not backward and not forward:
+        parts.append("nothing to relax here; full determinism kept.")
+    return " ".join(parts)
