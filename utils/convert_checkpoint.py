@@ -220,6 +220,8 @@ def convert(src, dst, model_class) -> dict:
     Returns the checkpoint written."""
     if Path(dst).resolve() == Path(src).resolve():
         raise UserError(f"{dst}: the destination must differ from the source checkpoint")
+    if Path(dst).is_dir():
+        raise UserError(f"{dst}: the destination is a folder; give a file path such as {Path(dst) / 'converted.pt'}")
     cfg, names, tensors, qualname = foreign_model(read_foreign_checkpoint(src), src)
     cfg = {k: v for k, v in cfg.items() if k != "ch"}
     model = model_class(cfg, nc=int(cfg["nc"]))
@@ -234,7 +236,11 @@ def convert(src, dst, model_class) -> dict:
             "ema": None, "epoch": -1, "best_fitness": None,
             "converted_from": {"file": str(src), "sha256": file_sha256(src), "class": qualname,
                                "tensors": len(tensors), "ffm_unequal_layers": sorted(spreads)}}
-    save_checkpoint(ckpt, dst)
+    try:
+        save_checkpoint(ckpt, dst)
+    except OSError as e:
+        raise UserError(f"{e.filename or dst}: cannot write the converted checkpoint ({e.strerror}); "
+                        "free disk space or choose a writable destination") from None
     LOGGER.info(f"Converted {src} ({qualname}, {len(tensors)} tensors, {len(names)} classes) -> {dst}")
     return ckpt
 
