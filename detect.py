@@ -11,7 +11,9 @@ Usage:
 """
 
 import argparse
+import contextlib
 import csv
+import errno
 import sys
 from collections import Counter
 from pathlib import Path
@@ -144,10 +146,32 @@ def open_source(source, imgsz, stride, vid_stride):
     return LoadImages(source, img_size=imgsz, stride=stride, auto=True, vid_stride=vid_stride)
 
 
-def save_path_for(save_dir, path, mode, frame):
-    """Output image/video path and label-file stem for one frame."""
+def label_stems(files) -> dict:
+    """A distinct label-file stem for each source file: its stem, or its full name when stems collide.
+
+    ``a.jpg`` alone gives ``a``; ``a.jpg`` and ``a.png`` in one source give ``a.jpg`` and ``a.png``
+    (labels ``a.jpg.txt``, ``a.png.txt``); a name still taken (same name in two folders) gets ``_2``, ``_3``...
+    in source order.
+    """
+    counts = Counter(Path(f).stem for f in files)
+    stems, used = {}, set()
+    for f in files:
+        p = Path(f)
+        candidate = p.stem if counts[p.stem] == 1 else p.name
+        stem, n = candidate, 1
+        while stem in used:
+            n += 1
+            stem = f"{candidate}_{n}"
+        used.add(stem)
+        stems[f] = stem
+    return stems
+
+
+def save_path_for(save_dir, path, mode, frame, stems):
+    """Output image/video path and label-file stem for one frame (``stems``: see :func:`label_stems`)."""
     p = Path(path)
-    stem = p.stem if mode == "image" else f"{p.stem}_{frame}"
+    stem = stems.get(path, p.stem)
+    stem = stem if mode == "image" else f"{stem}_{frame}"
     return save_dir / p.name, save_dir / "labels" / stem
 
 
@@ -263,7 +287,6 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     Returns the run folder.
     """
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
-    (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     if model is None:
         device = select_device(device)
         model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx, .torchscript or *_openvino_model/
@@ -279,13 +302,14 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     names = class_names(model, data)
     batch_size = batch_size or auto_batch_size(device, imgsz)
     dataset = open_source(source, imgsz, stride, vid_stride)
+    make_run_folder(save_dir / "labels" if save_txt else save_dir)
     slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
                               device, half, classes, agnostic_nms)
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
                        max_det=max_det)
     video, summary = VideoSink(), SourceSummary(names)
-    outputs = dict(save_txt=save_txt, save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img,
+    outputs = dict(stems=label_stems(getattr(dataset, "files", [])), save_txt=save_txt, save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img,
                    nosave=nosave, line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
     for frames in frame_batches(dataset, batch_size):
@@ -293,7 +317,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         dt = [total + t for total, t in zip(dt, times)]
         seen += len(frames)
         for f, det in zip(frames, dets):
-            write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
+            with output_errors(save_dir):
+                write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
             counts = Counter(int(c) for c in det[:, 5])
             found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
             LOGGER.info(f"{f.text}{found or '(no detections), '}{times[1] / len(frames) * 1e3:.1f}ms")
@@ -305,9 +330,27 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     return save_dir
 
 
+def make_run_folder(folder):
+    """Create the run folder; a read-only or full --project is a UserError."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--project: cannot create {folder} ({e.strerror}); choose a writable --project") from e
+
+
+@contextlib.contextmanager
+def output_errors(save_dir):
+    """Turn an OSError while saving results (disk full, read-only) into a UserError naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {e.filename or save_dir} ({e.strerror}); results in {save_dir} are "
+                        f"incomplete: free disk space or choose another --project, then rerun") from e
+
+
 def write_outputs(det, im0, path, frame, fps, mode, save_dir, video, names, outputs: dict) -> None:
     """Labels, CSV rows, crops, the annotated image or video frame for one source frame, as ``outputs`` asks."""
-    save_path, label_stem = save_path_for(save_dir, path, mode, frame)
+    save_path, label_stem = save_path_for(save_dir, path, mode, frame, outputs["stems"])
     if outputs["save_txt"]:
         write_labels(det, im0.shape, outputs["save_conf"], label_stem)
     if outputs["save_csv"]:
@@ -322,7 +365,8 @@ def write_outputs(det, im0, path, frame, fps, mode, save_dir, video, names, outp
         show(str(path), annotated)
     if not outputs["nosave"]:
         if mode == "image":
-            cv2.imwrite(str(save_path), annotated)
+            if not cv2.imwrite(str(save_path), annotated):
+                raise OSError(errno.EIO, "the image could not be written", str(save_path))
         else:
             video.write(save_path, annotated, fps)
 
