@@ -5,7 +5,10 @@ Fault matrix (see docs/reliability.md); each row is a test below:
 | entry point | full disk (ENOSPC) | read-only (EROFS) | user error |
 |-------------|--------------------|-------------------|------------|
 | detect.py   | test_detect_write_faults_exit_2 | test_detect_write_faults_exit_2 | test_detect_missing_source_leaves_no_folder |
+| train.py    | (tests/test_faults.py) | (tests/test_faults.py) | test_train_refuses_before_making_a_run_folder |
 """
+
+import sys
 
 import cv2
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 import detect
+import train
 from models.yolo import Model
 
 
@@ -82,3 +86,22 @@ def test_detect_missing_source_leaves_no_folder(tmp_path, capsys, tiny_cfg, monk
                                           "--imgsz", "64", "--device", "cpu", "--project", str(tmp_path / "runs")])
     assert "nope.jpg" in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--evolve", "1", "--resume", "last.pt"], "--resume last.pt does not apply to --evolve"),
+    (["--hyp", "{no_lr0}"], "missing or non-numeric lr0"),
+    (["--hyp", "{a_list}"], "expected a mapping"),
+])
+def test_train_refuses_before_making_a_run_folder(flags, message, tiny_cfg, shapes_data, tmp_path, capsys,
+                                                  monkeypatch):
+    no_lr0, a_list = tmp_path / "no_lr0.yaml", tmp_path / "list.yaml"
+    hyp = (train.ROOT / "data/hyps/hyp.scratch-low.yaml").read_text()
+    no_lr0.write_text("\n".join(line for line in hyp.splitlines() if not line.startswith("lr0:")))
+    a_list.write_text("- 1\n- 2\n")
+    flags = [f.format(no_lr0=no_lr0, a_list=a_list) for f in flags]
+    project = tmp_path / "runs"
+    monkeypatch.setattr(sys, "argv", ["train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--project",
+                                      str(project), "--device", "cpu", "--epochs", "1", "--imgsz", "64", *flags])
+    assert message in _cli_error(capsys, lambda argv: train.cli(), None)
+    assert not project.exists()
