@@ -176,14 +176,17 @@ def save_path_for(save_dir, path, mode, frame, stems):
 
 
 def write_labels(det, im0_shape, save_conf, file):
-    """YOLO-format ``cls x y w h [conf]`` lines (normalised to the original image) for (n, 6) detections."""
+    """YOLO-format ``cls x y w h [conf]`` lines (normalised to the original image) for (n, 6) detections.
+
+    The file is replaced, not appended to: each frame has its own file, and a rerun with --exist-ok
+    must not add its rows to the earlier run's."""
     h, w = im0_shape[:2]
     lines = []
     for *xyxy, conf, cls in det.tolist():
         xywh = xyxy2xywhn(torch.tensor([xyxy]), w=w, h=h)[0].tolist()
         values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
         lines.append(("%g " * len(values)).rstrip() % values + "\n")
-    with open(f"{file}.txt", "a") as f:
+    with open(f"{file}.txt", "w") as f:
         f.writelines(lines)
 
 
@@ -309,8 +312,9 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
                        max_det=max_det)
     video, summary = VideoSink(), SourceSummary(names)
-    outputs = dict(stems=label_stems(getattr(dataset, "files", [])), save_txt=save_txt, save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img,
-                   nosave=nosave, line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
+    outputs = dict(stems=label_stems(getattr(dataset, "files", [])), label_files=set(), save_txt=save_txt,
+                   save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img, nosave=nosave,
+                   line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
     for frames in frame_batches(dataset, batch_size):
         dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
@@ -326,7 +330,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
 
     video.release()
     summary.finish(source)
-    report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir, save_txt, nosave)
+    report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir,
+           len(outputs["label_files"]) if save_txt else None, nosave)
     return save_dir
 
 
@@ -353,6 +358,7 @@ def write_outputs(det, im0, path, frame, fps, mode, save_dir, video, names, outp
     save_path, label_stem = save_path_for(save_dir, path, mode, frame, outputs["stems"])
     if outputs["save_txt"]:
         write_labels(det, im0.shape, outputs["save_conf"], label_stem)
+        outputs["label_files"].add(label_stem)
     if outputs["save_csv"]:
         append_csv(save_dir / "predictions.csv", path, frame, det, names)
     if outputs["save_crop"]:
@@ -383,17 +389,16 @@ def append_csv(file, path, frame, det, names):
                              *(f"{v:.1f}" for v in xyxy)])
 
 
-def report(dt, seen, shape, save_dir, save_txt, nosave):
-    """Log per-image speed and where results went."""
+def report(dt, seen, shape, save_dir, n_labels, nosave):
+    """Log per-image speed and where results went; ``n_labels``: label files this run wrote (None: no --save-txt)."""
     if seen == 0:
         LOGGER.warning("no frames were read from --source")
         return
     per_image = tuple(x / seen * 1e3 for x in dt)
     LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
                 f"{shape}" % per_image)
-    if save_txt or not nosave:
-        n_labels = len(list(save_dir.glob("labels/*.txt")))
-        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
+    if n_labels is not None or not nosave:
+        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if n_labels is not None else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
 
 
@@ -412,7 +417,9 @@ def parse_opt(argv=None):
     parser.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=1000, help="maximum detections per image")
     parser.add_argument("--view-img", action="store_true", help="show results")
-    parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
+    parser.add_argument("--save-txt", action="store_true",
+                        help="save results to labels/STEM.txt; images sharing a stem (a.jpg, a.png) get "
+                             "labels/a.jpg.txt and labels/a.png.txt, a name still taken gets _2, _3...")
     parser.add_argument("--save-csv", action="store_true", help="save results in CSV format")
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-crop", action="store_true", help="save cropped prediction boxes")

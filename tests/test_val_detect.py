@@ -241,6 +241,24 @@ def test_detect_labels_without_conf_classes_filter_and_nosave(trained, tmp_path)
     assert {int(parts[0]) for parts in lines} == {kept}
 
 
+def test_detect_rerun_with_exist_ok_replaces_labels_and_counts_only_its_own(trained, tmp_path, log_lines):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("a.jpg", "a.png", "b.jpg"):
+        cv2.imwrite(str(source / name), np.full((64, 64, 3), 128, np.uint8))
+    model = attempt_load(trained[1])
+    options = dict(imgsz=(64,), model=model, save_txt=True, nosave=True, project=tmp_path, name="exp",
+                   exist_ok=True, max_det=3, conf_thres=0.0)
+    first = _labels(detect.run(None, str(source), **options))
+    assert list(first) == ["a.jpg.txt", "a.png.txt", "b.txt"]
+    (source / "b.jpg").unlink()
+    log_lines.clear()
+    second = _labels(detect.run(None, str(source), **options))
+    assert all(np.array_equal(second[n], first[n]) for n in ("a.jpg.txt", "a.png.txt")), "labels were appended"
+    assert "b.txt" in second  # the earlier run's file stays, but is not counted as this run's
+    assert any(line.endswith(f"2 labels saved to {tmp_path / 'exp' / 'labels'}") for line in log_lines), log_lines
+
+
 def _labels(folder):
     """{label file name: rows as float arrays} of a detect run's labels/ folder."""
     return {f.name: np.loadtxt(f, ndmin=2) for f in sorted((folder / "labels").glob("*.txt"))}
