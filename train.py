@@ -167,8 +167,7 @@ def load_hyp(opt) -> dict:
         raise UserError(f"--hyp {opt.hyp}: expected a mapping of hyperparameters, e.g. data/hyps/hyp.scratch-low.yaml")
     missing = [k for k in META if not isinstance(hyp.get(k), (int, float)) or isinstance(hyp.get(k), bool)]
     if missing:
-        raise UserError(f"--hyp {opt.hyp}: missing or non-numeric {', '.join(missing)}; every key of "
-                        f"data/hyps/hyp.scratch-low.yaml is required")
+        raise UserError(f"--hyp {opt.hyp}: missing or non-numeric {', '.join(missing)}; see {DEFAULT_HYP.name}")
     hyp["label_smoothing"] = opt.label_smoothing  # the flag wins, as in YOLOv5
     return hyp
 

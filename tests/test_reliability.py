@@ -2,10 +2,10 @@
 
 Fault matrix (see docs/reliability.md); each row is a test below:
 
-| entry point | full disk (ENOSPC) | read-only (EROFS) | user error |
-|-------------|--------------------|-------------------|------------|
-| detect.py   | test_detect_write_faults_exit_2 | test_detect_write_faults_exit_2 | test_detect_missing_source_leaves_no_folder |
-| train.py    | (tests/test_faults.py) | (tests/test_faults.py) | test_train_refuses_before_making_a_run_folder |
+| entry point | full disk (ENOSPC)       | read-only (EROFS)        | user error                                  |
+|-------------|--------------------------|--------------------------|---------------------------------------------|
+| detect.py   | test_detect_write_faults | test_detect_write_faults | test_detect_missing_source_leaves_no_folder |
+| train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
 """
 
 import sys
@@ -65,7 +65,7 @@ def test_detect_images_sharing_a_stem_get_their_own_label_files(tiny_model, tmp_
 @pytest.mark.parametrize("fault, reason", [("full_disk", "No space left"), ("read_only", "Read-only")])
 @pytest.mark.parametrize("outputs", [["--save-txt", "--nosave"], []])
 @pytest.mark.parametrize("where", ["project", "run folder"])
-def test_detect_write_faults_exit_2(request, tiny_cfg, tmp_path, capsys, monkeypatch, fault, reason, outputs, where):
+def test_detect_write_faults(request, tiny_cfg, tmp_path, capsys, monkeypatch, fault, reason, outputs, where):
     """The fault hits creating the run folder, or (folder already there) writing labels or images."""
     source = _images(tmp_path / "src", ["a.jpg"])
     project = tmp_path / "runs"
