@@ -198,12 +198,12 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
 
 def freeze_layers(model, freeze: list) -> list:
     """Freeze ``--freeze N`` (first N layers) or ``--freeze i j k`` (those layers). Returns frozen prefixes."""
-    indices = freeze if len(freeze) > 1 else range(freeze[0])
-    prefixes = [f"model.{i}." for i in indices]
+    prefixes = [f"model.{i}." for i in (freeze if len(freeze) > 1 else range(freeze[0]))]
     for name, param in model.named_parameters():
-        param.requires_grad = True
-        if any(name.startswith(prefix) for prefix in prefixes):
-            param.requires_grad = False
+        param.requires_grad = not any(name.startswith(prefix) for prefix in prefixes)
+    if not any(param.requires_grad for param in model.parameters()):
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: freezes every layer of this {len(model.model)}-layer "
+                        "model, so nothing would train; freeze fewer layers")
     if prefixes:
         LOGGER.info(f"Freezing {len(prefixes)} layers: {', '.join(p.rstrip('.') for p in prefixes)}")
     return prefixes

@@ -18,6 +18,7 @@ import torch
 import detect
 import train
 from models.yolo import Model
+from utils.errors import UserError
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +106,11 @@ def test_train_refuses_before_making_a_run_folder(flags, message, tiny_cfg, shap
                                       str(project), "--device", "cpu", "--epochs", "1", "--imgsz", "64", *flags])
     assert message in _cli_error(capsys, lambda argv: train.cli(), None)
     assert not project.exists()
+
+
+def test_freezing_every_layer_is_a_user_error(tiny_cfg):
+    model = Model(str(tiny_cfg), nc=4)
+    with pytest.raises(UserError, match=rf"--freeze 100: freezes every layer of this {len(model.model)}-layer model"):
+        train.freeze_layers(model, [100])
+    assert train.freeze_layers(model, [1]) == ["model.0."]
+    assert any(p.requires_grad for p in model.parameters())
