@@ -151,7 +151,8 @@ def label_stems(files) -> dict:
 
     ``a.jpg`` alone gives ``a``; ``a.jpg`` and ``a.png`` in one source give ``a.jpg`` and ``a.png``
     (labels ``a.jpg.txt``, ``a.png.txt``); a name still taken (same name in two folders) gets ``_2``, ``_3``...
-    in source order.
+    in source order. Annotated images and videos take the same stem plus the source suffix (``b.jpg``, then
+    ``b.jpg_2.jpg``; see :func:`save_path_for`), so no output overwrites another.
     """
     counts = Counter(Path(f).stem for f in files)
     stems, used = {}, set()
@@ -168,11 +169,14 @@ def label_stems(files) -> dict:
 
 
 def save_path_for(save_dir, path, mode, frame, stems):
-    """Output image/video path and label-file stem for one frame (``stems``: see :func:`label_stems`)."""
+    """Output image/video path and label-file stem for one frame (``stems``: see :func:`label_stems`).
+
+    The output keeps the source's name unless its label stem was made distinct (``a.jpg`` -> ``a.jpg``,
+    ``b.jpg`` in a second folder -> ``b.jpg_2.jpg``)."""
     p = Path(path)
     stem = stems.get(path, p.stem)
-    stem = stem if mode == "image" else f"{stem}_{frame}"
-    return save_dir / p.name, save_dir / "labels" / stem
+    name = p.name if stem in (p.stem, p.name) else f"{stem}{p.suffix}"
+    return save_dir / name, save_dir / "labels" / (stem if mode == "image" else f"{stem}_{frame}")
 
 
 def write_labels(det, im0_shape, save_conf, file):

@@ -259,6 +259,20 @@ def test_detect_rerun_with_exist_ok_replaces_labels_and_counts_only_its_own(trai
     assert any(line.endswith(f"2 labels saved to {tmp_path / 'exp' / 'labels'}") for line in log_lines), log_lines
 
 
+def test_detect_same_file_name_in_two_folders_keeps_both_images_and_labels(trained, tmp_path):
+    for folder, shape in (("x", (64, 64)), ("y", (48, 64))):
+        (tmp_path / folder).mkdir()
+        cv2.imwrite(str(tmp_path / folder / "b.jpg"), np.full((*shape, 3), 128, np.uint8))
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{tmp_path / 'x' / 'b.jpg'}\n{tmp_path / 'y' / 'b.jpg'}\n")
+    out = detect.run(None, str(listing), imgsz=(64,), model=attempt_load(trained[1]), save_txt=True,
+                     project=tmp_path, name="exp", max_det=3, conf_thres=0.0)
+    assert sorted(f.name for f in out.glob("*.jpg")) == ["b.jpg", "b.jpg_2.jpg"]
+    assert cv2.imread(str(out / "b.jpg")).shape[:2] == (64, 64)
+    assert cv2.imread(str(out / "b.jpg_2.jpg")).shape[:2] == (48, 64)
+    assert list(_labels(out)) == ["b.jpg.txt", "b.jpg_2.txt"]
+
+
 def _labels(folder):
     """{label file name: rows as float arrays} of a detect run's labels/ folder."""
     return {f.name: np.loadtxt(f, ndmin=2) for f in sorted((folder / "labels").glob("*.txt"))}
