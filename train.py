@@ -49,7 +49,7 @@ from utils.options import (OptionRules, add_shared_flags, check_options, merge_r
                            typed_flags)
 from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
-from utils.reproducibility import determinism_report, write_json  # noqa: E402
+from utils.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
 from utils.results_log import ResultsLog  # noqa: E402
 from utils.run_state import CheckpointSaver, plain_opt, restore_training_state, training_state  # noqa: E402
 from utils.size_metrics import band_row  # noqa: E402
@@ -336,6 +336,7 @@ def report_run_end(ctx: RunContext, loop, results, last_epoch):
         final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
         results = finish_run(ctx, final, results)
         LOGGER.info(f"Results saved to {colorstr('bold', ctx.save_dir)}")
+        LOGGER.info(f"{colorstr('guarantee: ')}{run_guarantee(ctx.policy)}")
     barrier(ctx.dist)
     return results
 

@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
 import train  # noqa: E402
-from benchmarks.accuracy import first_nonzero_epoch  # noqa: E402
 from benchmarks.accuracy_variants import MODELS  # noqa: E402
 from make_tiny_shapes import make_tiny_shapes  # noqa: E402
 
@@ -80,7 +79,8 @@ def main(argv=None) -> None:
             results = opt.out / "runs" / name / "results.csv"
             per_epoch = mAP_per_epoch(results)
             useful = next((i + 1 for i, (m50, _) in enumerate(per_epoch) if m50 >= USEFUL_MAP50), None)
-            rows.append((name, first_nonzero_epoch(results), useful, per_epoch[-1], time.perf_counter() - t0))
+            first = next((i + 1 for i, (m50, _) in enumerate(per_epoch) if m50 > 0), None)
+            rows.append((name, first, useful, per_epoch[-1], time.perf_counter() - t0))
             print(f"{name}: mAP50 per epoch {' '.join(f'{m:.1e}' for m, _ in per_epoch)}", flush=True)
     print(f"| run | first epoch mAP50 > 0 | first epoch mAP50 >= {USEFUL_MAP50} | final mAP50 | final mAP50-95 "
           "| wall s |\n"

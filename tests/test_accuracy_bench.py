@@ -35,3 +35,51 @@ def test_tiny_shapes_sizes_and_refuses_to_overwrite(tmp_path):
     assert "names: [circle, square, triangle, cross]" in yaml_file.read_text()
     with pytest.raises(FileExistsError):
         make_tiny_shapes(tmp_path / "tiny", n_train=1, n_val=1)
+
+
+def test_glyphs_are_deterministic_sized_and_refuse_to_overwrite(tmp_path):
+    from make_glyphs import NAMES, make_glyphs
+
+    yaml_file = make_glyphs(tmp_path / "g", n_train=3, n_val=1, seed=5, size=96, sides=(8, 16))
+    again = make_glyphs(tmp_path / "h", n_train=3, n_val=1, seed=5, size=96, sides=(8, 16))
+    first = sorted((tmp_path / "g" / "labels" / "train").glob("*.txt"))
+    assert [f.read_text() for f in first] == [(tmp_path / "h" / "labels" / "train" / f.name).read_text() for f in first]
+    labels = np.concatenate([np.loadtxt(f, ndmin=2) for f in first])
+    longer_side = np.maximum(labels[:, 3], labels[:, 4]) * 96
+    assert len(labels) >= 3 * 3 and longer_side.min() >= 3 and longer_side.max() <= 16 * 1.2
+    assert set(labels[:, 0].astype(int)) <= set(range(len(NAMES)))
+    assert f"names: [{', '.join(NAMES)}]" in yaml_file.read_text() and again.exists()
+    with pytest.raises(FileExistsError):
+        make_glyphs(tmp_path / "g", n_train=1, n_val=1)
+
+
+def test_glyphs_cli_rejects_sides_that_do_not_fit(capsys):
+    from make_glyphs import main
+
+    assert main(["--img-size", "64", "--min-side", "8", "--max-side", "40"]) == 2
+    assert "--max-side 40" in capsys.readouterr().err
+
+
+def _row(model, first, m):
+    return {"kind": "glyphs", "size": 256, "seed": 0, "model": model, "first": first, "map": m}
+
+
+def test_target_verdicts_apply_both_conditions():
+    from benchmarks.accuracy import target_verdicts
+
+    meets = [_row("yolov5n", 9, 0.010), _row("yolov5n-p2", 5, 0.02), _row("ffca-yolo-n", 7, 0.010)]
+    assert target_verdicts(meets)[0].startswith("glyphs 256 px seed 0: meets")
+    late = [_row("yolov5n", 9, 0.010), _row("yolov5n-p2", 5, 0.02), _row("ffca-yolo-n", 8, 0.5)]
+    assert "misses start" in target_verdicts(late)[0]
+    never = [_row("yolov5n", None, 0.0), _row("yolov5n-p2", 4, 0.02), _row("ffca-yolo-n", None, 0.0)]
+    assert "misses start" in target_verdicts(never)[0] and "end" not in target_verdicts(never)[0].split(":")[1].split("(")[0]
+    low = [_row("yolov5n", 9, 0.011), _row("yolov5n-p2", None, 0.0), _row("ffca-yolo-n", None, 0.010)]
+    assert "misses end" in target_verdicts(low)[0]
+
+
+def test_read_curve_finds_first_epoch_above_the_start_threshold(tmp_path):
+    from benchmarks.accuracy import read_curve
+
+    csv_file = tmp_path / "results.csv"
+    csv_file.write_text("epoch,train/box_loss,metrics/mAP_0.5\n0,0.13,0.0\n1,0.12,0.0009\n2,0.11,0.002\n3,0.10,0.0\n")
+    assert read_curve(csv_file) == {"first": 3, "box0": 0.13, "box1": 0.10}

@@ -478,6 +478,26 @@ def test_scoped_adoption_relaxes_only_for_backward_findings():
     assert policy.relax_backward is False
 
 
+
+def test_guarantee_names_the_relaxed_or_warned_ops_with_counts():
+    from utils.reproducibility import run_guarantee
+
+    second_put = Finding("put_", "backward", "model.7 (PutGradient)", ("cpu", "cuda"), "torch.Tensor.put_")
+    findings = [PUT_FINDING, second_put, UNPOOL_FINDING]
+    scoped = configure_determinism("scoped")
+    scoped.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings))
+    assert scoped.nondeterministic_ops == {"put_": 2}
+    assert run_guarantee(scoped) == "may differ in the last bits because the backward ran relaxed for: put_ x2"
+    assert scoped.state()["nondeterministic_ops"] == {"put_": 2}
+    warn = configure_determinism("warn")
+    warn.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings))
+    assert warn.nondeterministic_ops == {"max_unpool2d": 1, "put_": 2}
+    assert "warned" in run_guarantee(warn) and "max_unpool2d x1" in run_guarantee(warn)
+    clean = configure_determinism("scoped")
+    clean.adopt_audit(AuditReport(device="cpu", imgsz=64))
+    assert clean.nondeterministic_ops == {} and run_guarantee(clean).startswith("bit-identical on this stack")
+    assert run_guarantee(configure_determinism("off")).startswith("may differ")
+
 # ----------------------------------------------------------------------------- AutoBatch under the policy
 
 

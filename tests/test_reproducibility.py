@@ -1,11 +1,13 @@
 """The reproducibility guarantees: reruns, worker counts and resumes (even after SIGKILL) are bit-identical."""
 
+import itertools
 import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -47,7 +49,8 @@ def test_checksum_is_printed_and_saved(reference):
     assert report["final_ema_sha256"] == checksum(reference)
     assert len(checksum(reference)) == 64
     for key in ("mode", "seed", "audit", "relaxed_backward", "versions", "devices", "CUBLAS_WORKSPACE_CONFIG",
-                "PYTHONHASHSEED", "world_size", "workers", "label_cache_hash"):
+                "PYTHONHASHSEED", "world_size", "workers", "threads", "label_cache_hash", "data_fingerprint",
+                "nondeterministic_ops", "guarantee"):
         assert key in report, key
 
 
@@ -69,6 +72,26 @@ def test_strict_mode_gives_the_same_weights_as_off_on_cpu(reference, shapes_data
     report = json.loads((run_dir / "determinism.json").read_text())
     assert report["mode"] == "strict" and report["relaxed_backward"] is False
 
+
+
+@pytest.mark.slow
+def test_save_interval_writes_checkpoints_but_never_changes_results(reference, shapes_data, tiny_cfg, tmp_path,
+                                                                    monkeypatch):
+    """A clock that jumps an hour per reading makes --save-interval 1 write last.pt after every batch."""
+    from utils import run_state
+
+    readings = itertools.count(0.0, 3600.0)
+    monkeypatch.setattr(run_state, "time", SimpleNamespace(monotonic=lambda: next(readings)))
+    positions, save_last = [], run_state.CheckpointSaver.save_last
+
+    def recording_save_last(saver, state, required=True):
+        positions.append(tuple(state["next_position"]))
+        return save_last(saver, state, required)
+
+    monkeypatch.setattr(run_state.CheckpointSaver, "save_last", recording_save_last)
+    run_dir = run_in_process(tmp_path, "interval", shapes_data, tiny_cfg, save_interval=1)
+    assert sum(batch > 0 for _, batch in positions) >= 4, f"mid-epoch saves expected, got {positions}"
+    assert_identical(run_dir, reference)
 
 @pytest.mark.slow
 def test_different_seeds_give_different_weights(reference, shapes_data, tiny_cfg, tmp_path):

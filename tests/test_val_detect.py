@@ -2,7 +2,11 @@
 
 import copy
 import csv
+import itertools
 import json
+import subprocess
+import sys
+import time
 
 import cv2
 import numpy as np
@@ -162,6 +166,40 @@ def test_val_end_to_end_writes_metrics_plots_labels_and_coco_json(trained, shape
     image_ids = {im["id"] for im in ground_truth["images"]}
     assert predictions and {p["image_id"] for p in predictions} <= image_ids
     assert {p["category_id"] for p in predictions} <= set(range(len(NAMES)))
+
+
+def _busy_processes(n):
+    """``n`` processes that spin on the CPU until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _jumping_clock(monkeypatch):
+    """Every clock of the time module jumps an hour per reading, as on a badly overloaded machine."""
+    for name in ("time", "perf_counter", "monotonic"):
+        readings = itertools.count(0.0, 3600.0)
+        monkeypatch.setattr(time, name, lambda readings=readings: next(readings))
+
+
+@pytest.mark.slow
+def test_val_metrics_are_the_same_on_an_idle_and_a_loaded_machine(trained, shapes_data, tmp_path, monkeypatch):
+    _, weights = trained
+    args = dict(weights=str(weights), batch_size=8, imgsz=64, device="cpu", workers=0, plots=False,
+                project=tmp_path, max_det=30, conf_thres=0.001, save_txt=True, save_conf=True)
+    idle, idle_maps, _ = val.run(shapes_data, name="idle", **args)
+    busy = _busy_processes(2)
+    try:
+        with monkeypatch.context() as patched:
+            _jumping_clock(patched)
+            loaded, loaded_maps, _ = val.run(shapes_data, name="loaded", **args)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    detections = {f.name: f.read_text() for f in sorted((tmp_path / "idle" / "labels").glob("*.txt"))}
+    assert sum(text.count("\n") for text in detections.values()) >= 8, "needs detections a time limit could drop"
+    assert {f.name: f.read_text() for f in sorted((tmp_path / "loaded" / "labels").glob("*.txt"))} == detections
+    assert loaded == idle
+    assert np.array_equal(loaded_maps, idle_maps)
 
 
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):

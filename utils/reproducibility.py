@@ -1,5 +1,6 @@
 """The run's determinism report (determinism.json): what is needed to rerun or explain a run."""
 
+import hashlib
 import json
 import os
 import sys
@@ -17,6 +18,29 @@ def device_names(device: torch.device) -> list:
     return [f"cpu ({os.cpu_count()} cores)"]
 
 
+def data_fingerprint(im_files, label_files) -> str:
+    """SHA-256 of the training image list (file names, in order) and the label files' contents."""
+    digest = hashlib.sha256()
+    for im_file, lb_file in zip(im_files, label_files):
+        digest.update(Path(im_file).name.encode() + b"\0")
+        label = Path(lb_file)
+        digest.update(label.read_bytes() if label.is_file() else b"<no label file>")
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def run_guarantee(policy) -> str:
+    """One line: what a rerun on the same stack is promised to give, for a ``DeterminismPolicy``."""
+    ops = ", ".join(f"{op} x{n}" for op, n in policy.nondeterministic_ops.items())
+    if policy.mode == "off":
+        return "may differ: --deterministic off uses the fastest, nondeterministic kernels"
+    if ops and policy.mode == "scoped":
+        return f"may differ in the last bits because the backward ran relaxed for: {ops}"
+    if ops:
+        return f"may differ because these ops warned (no deterministic implementation): {ops}"
+    return "bit-identical on this stack (same hardware, driver, CUDA, cuDNN and torch)"
+
+
 def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
     """Mode, seed, audit, relaxation, versions, devices and data identity of this run."""
     return {
@@ -24,6 +48,8 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
         "mode": policy.mode,
         "seed": opt.seed,
         "relaxed_backward": bool(policy.relax_backward),
+        "nondeterministic_ops": policy.nondeterministic_ops,
+        "guarantee": run_guarantee(policy),
         "audit": audit,
         "policy_state": policy.state(),
         "versions": {
@@ -38,7 +64,9 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
         "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
         "world_size": dist.world_size,
         "workers": opt.workers,
+        "threads": torch.get_num_threads(),
         "label_cache_hash": getattr(dataset, "cache_hash", None),
+        "data_fingerprint": data_fingerprint(dataset.im_files, dataset.label_files),
     }
 
 

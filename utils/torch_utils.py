@@ -14,7 +14,7 @@ import random
 import sys
 import time
 from copy import deepcopy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -482,6 +482,7 @@ class DeterminismPolicy:
     relax_backward: bool = False
     audit_summary: str | None = None
     audit: dict | None = None
+    nondeterministic_ops: dict = field(default_factory=dict)
 
     def backward_scope(self):
         """Context manager for ``loss.backward()``: relaxes determinism only in scoped mode when needed.
@@ -507,6 +508,8 @@ class DeterminismPolicy:
             raise UserError(_strict_failure_message(report.device, failing))
         if self.mode == "scoped":
             self.relax_backward = bool(backward)
+        counted = backward if self.mode == "scoped" and self.relax_backward else failing if self.mode == "warn" else []
+        self.nondeterministic_ops = {op: sum(f.op == op for f in counted) for op in sorted({f.op for f in counted})}
         summary = _adoption_summary(self.mode, report, backward, forward, self.relax_backward)
         if self.mode == "scoped" and forward:
             LOGGER.warning(summary)
@@ -518,7 +521,8 @@ class DeterminismPolicy:
         """Plain data for the run's determinism report: the mode, the seed and every global flag."""
         return {"mode": self.mode, "seed": self.seed, "rank": self.rank,
                 "relax_backward": self.relax_backward, **determinism_state(),
-                "audit_summary": self.audit_summary, "audit": self.audit}
+                "audit_summary": self.audit_summary, "audit": self.audit,
+                "nondeterministic_ops": self.nondeterministic_ops}
 
 
 def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> DeterminismPolicy:

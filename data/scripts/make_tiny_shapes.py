@@ -50,11 +50,11 @@ def make_tiny_image(rng, size=IMG_SIZE):
     return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
 
 
-def make_tiny_shapes(root=DEFAULT_ROOT, n_train=128, n_val=64, seed=0) -> Path:
-    """Generate the data set into ``root`` (must not exist or be empty) and write ``<root>.yaml``;
-    returns the data YAML path. Built in a temporary sibling folder, then renamed into place."""
+def make_tiny_shapes(root=DEFAULT_ROOT, n_train=128, n_val=64, seed=0, size=IMG_SIZE) -> Path:
+    """Generate the data set of ``size``-px images into ``root`` (must not exist or be empty) and write
+    ``<root>.yaml``; returns the data YAML path. Built in a temporary sibling folder, then renamed into place."""
     root = Path(root).resolve()
-    split = partial(make_shapes.write_split, make=make_tiny_image, stream=(6,), quality=95)  # 6: own streams
+    split = partial(make_shapes.write_split, make=make_tiny_image, stream=(6,), quality=95, size=size)  # 6: own streams
     make_shapes.build_atomically(root, lambda tmp: (split(tmp, "train", n_train, seed, 0),
                                                     split(tmp, "val", n_val, seed, 1)))
     yaml_file = root.with_suffix(".yaml")

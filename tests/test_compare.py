@@ -1,0 +1,72 @@
+"""utils.compare names the cause of two runs' difference; data_fingerprint sees label edits."""
+
+import json
+
+import pytest
+
+from utils.compare import compare_runs, main
+from utils.files import yaml_save
+from utils.reproducibility import data_fingerprint
+
+ROWS = "epoch,train/box_loss,metrics/mAP_0.5\n0,0.1,0.2\n1,0.09,0.3\n"
+
+
+def _run(folder, opt=None, threads=2, fingerprint="f" * 64, rows=ROWS, checksum="c" * 64):
+    folder.mkdir(parents=True)
+    yaml_save(folder / "opt.yaml", {"epochs": 2, "imgsz": 64, "name": folder.name, **(opt or {})})
+    yaml_save(folder / "hyp.yaml", {"lr0": 0.01})
+    report = {"mode": "scoped", "threads": threads, "world_size": 1, "versions": {"torch": "2.x"},
+              "data_fingerprint": fingerprint, "final_ema_sha256": checksum}
+    (folder / "determinism.json").write_text(json.dumps(report))
+    (folder / "results.csv").write_text(rows)
+    return folder
+
+
+def test_identical_runs_say_so_and_exit_0(tmp_path, capsys):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    lines, identical = compare_runs(a, b)
+    assert identical and lines[-1] == "verdict: identical"
+    assert main([str(a), str(b)]) == 0
+    assert "DIFFER" not in capsys.readouterr().out
+
+
+def test_one_changed_option_is_named_first(tmp_path):
+    a = _run(tmp_path / "a")
+    b = _run(tmp_path / "b", opt={"imgsz": 96}, rows=ROWS.replace("0.3", "0.4"), checksum="d" * 64)
+    lines, identical = compare_runs(a, b)
+    assert not identical
+    assert lines[2:4] == ["options: DIFFER", "  imgsz: 64 -> 96"]
+    assert "results.csv: first differing row is epoch 1" in lines
+    assert any(line.startswith("final checksums: DIFFER") for line in lines)
+
+
+def test_a_different_thread_count_is_an_environment_difference(tmp_path):
+    lines, identical = compare_runs(_run(tmp_path / "a"), _run(tmp_path / "b", threads=1))
+    assert not identical and "options: same" in lines
+    assert lines[lines.index("environment: DIFFER") + 1] == "  threads: 2 -> 1"
+
+
+def test_one_changed_label_file_changes_the_fingerprint_and_compare_names_the_data(tmp_path):
+    images = [tmp_path / f"{i}.jpg" for i in range(3)]
+    labels = [tmp_path / f"{i}.txt" for i in range(3)]
+    for label in labels:
+        label.write_text("0 0.5 0.5 0.1 0.1\n")
+    before = data_fingerprint(images, labels)
+    assert data_fingerprint(images, labels) == before
+    labels[1].write_text("1 0.5 0.5 0.1 0.1\n")
+    after = data_fingerprint(images, labels)
+    assert after != before
+    lines, identical = compare_runs(_run(tmp_path / "a", fingerprint=before), _run(tmp_path / "b", fingerprint=after))
+    assert not identical and "environment: same" in lines and "data: DIFFER" in lines
+
+
+@pytest.mark.parametrize("missing", ["folder", "determinism.json"])
+def test_unreadable_run_is_one_error_line_exit_2(tmp_path, capsys, missing):
+    a = _run(tmp_path / "a")
+    b = tmp_path / "nope" if missing == "folder" else _run(tmp_path / "b")
+    if missing == "determinism.json":
+        (b / "determinism.json").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a), str(b)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("ERROR:") and str(b) in err[0]
