@@ -161,7 +161,6 @@ def resume_options(opt, argv=None):
 
 
 def load_hyp(opt) -> dict:
-    """The hyperparameters from --hyp (a YAML file or a dict); every key of YOLOv5's table must be a number."""
     hyp = yaml_load(opt.hyp) if isinstance(opt.hyp, (str, Path)) else dict(opt.hyp)
     if not isinstance(hyp, dict):
         raise UserError(f"--hyp {opt.hyp}: expected a mapping of hyperparameters, e.g. data/hyps/hyp.scratch-low.yaml")
