@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import csv
 import errno
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -146,19 +147,24 @@ def open_source(source, imgsz, stride, vid_stride):
     return LoadImages(source, img_size=imgsz, stride=stride, auto=True, vid_stride=vid_stride)
 
 
-def label_stems(files) -> dict:
+def label_stems(files, videos=()) -> dict:
     """A distinct label-file stem for each source file: its stem, or its full name when stems collide.
 
     ``a.jpg`` alone gives ``a``; ``a.jpg`` and ``a.png`` in one source give ``a.jpg`` and ``a.png``
     (labels ``a.jpg.txt``, ``a.png.txt``); a name still taken (same name in two folders) gets ``_2``, ``_3``...
     in source order. Annotated images and videos take the same stem plus the source suffix (``b.jpg``, then
-    ``b.jpg_2.jpg``; see :func:`save_path_for`), so no output overwrites another.
+    ``b.jpg_2.jpg``; see :func:`save_path_for`), so no output overwrites another. Frames of a video
+    in ``videos`` are labelled ``STEM_FRAME``; when an image's stem already has that form (``clip_1.jpg``
+    next to ``clip.mp4``) the video uses its full name (``clip.mp4_1.txt``).
     """
     counts = Counter(Path(f).stem for f in files)
+    frame_like = {Path(f).stem.rsplit("_", 1)[0] for f in files
+                  if f not in videos and re.fullmatch(r".+_\d+", Path(f).stem)}
     stems, used = {}, set()
     for f in files:
         p = Path(f)
-        candidate = p.stem if counts[p.stem] == 1 else p.name
+        unique = counts[p.stem] == 1 and not (f in videos and p.stem in frame_like)
+        candidate = p.stem if unique else p.name
         stem, n = candidate, 1
         while stem in used:
             n += 1
@@ -316,7 +322,9 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
                        max_det=max_det)
     video, summary = VideoSink(), SourceSummary(names)
-    outputs = dict(stems=label_stems(getattr(dataset, "files", [])), label_files=set(), save_txt=save_txt,
+    files = getattr(dataset, "files", [])
+    videos = {f for f, is_video in zip(files, getattr(dataset, "video_flag", [])) if is_video}
+    outputs = dict(stems=label_stems(files, videos), label_files=set(), save_txt=save_txt,
                    save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img, nosave=nosave,
                    line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0

@@ -311,6 +311,22 @@ def test_detect_same_file_name_in_two_folders_keeps_both_images_and_labels(train
     assert list(_labels(out)) == ["b.jpg.txt", "b.jpg_2.txt"]
 
 
+def test_detect_video_frame_labels_do_not_collide_with_an_image_named_like_a_frame(trained, tmp_path, log_lines):
+    source = tmp_path / "src"
+    source.mkdir()
+    cv2.imwrite(str(source / "clip_1.jpg"), np.full((64, 64, 3), 200, np.uint8))
+    writer = cv2.VideoWriter(str(source / "clip.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 64))
+    for i in range(3):
+        writer.write(np.full((64, 64, 3), 40 * i, dtype=np.uint8))
+    writer.release()
+    out = detect.run(None, str(source), imgsz=(64,), model=attempt_load(trained[1]), save_txt=True, nosave=True,
+                     project=tmp_path, name="exp", max_det=2, conf_thres=0.0)
+    labels = _labels(out)
+    assert list(labels) == ["clip.mp4_1.txt", "clip.mp4_2.txt", "clip.mp4_3.txt", "clip_1.txt"]
+    assert all(len(rows) == 2 for rows in labels.values())
+    assert any(line.endswith("4 labels saved to " + str(out / "labels")) for line in log_lines)
+
+
 def _labels(folder):
     """{label file name: rows as float arrays} of a detect run's labels/ folder."""
     return {f.name: np.loadtxt(f, ndmin=2) for f in sorted((folder / "labels").glob("*.txt"))}
