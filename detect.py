@@ -11,7 +11,10 @@ Usage:
 """
 
 import argparse
+import contextlib
 import csv
+import errno
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -144,22 +147,56 @@ def open_source(source, imgsz, stride, vid_stride):
     return LoadImages(source, img_size=imgsz, stride=stride, auto=True, vid_stride=vid_stride)
 
 
-def save_path_for(save_dir, path, mode, frame):
-    """Output image/video path and label-file stem for one frame."""
+def label_stems(files, videos=()) -> dict:
+    """A distinct label-file stem for each source file: its stem, or its full name when stems collide.
+
+    ``a.jpg`` alone gives ``a``; ``a.jpg`` and ``a.png`` in one source give ``a.jpg`` and ``a.png``
+    (labels ``a.jpg.txt``, ``a.png.txt``); a name still taken (same name in two folders) gets ``_2``, ``_3``...
+    in source order. Annotated images and videos take the same stem plus the source suffix (``b.jpg``, then
+    ``b.jpg_2.jpg``; see :func:`save_path_for`), so no output overwrites another. Frames of a video
+    in ``videos`` are labelled ``STEM_FRAME``; when an image's stem already has that form (``clip_1.jpg``
+    next to ``clip.mp4``) the video uses its full name (``clip.mp4_1.txt``).
+    """
+    counts = Counter(Path(f).stem for f in files)
+    frame_like = {Path(f).stem.rsplit("_", 1)[0] for f in files
+                  if f not in videos and re.fullmatch(r".+_\d+", Path(f).stem)}
+    stems, used = {}, set()
+    for f in files:
+        p = Path(f)
+        unique = counts[p.stem] == 1 and not (f in videos and p.stem in frame_like)
+        candidate = p.stem if unique else p.name
+        stem, n = candidate, 1
+        while stem in used:
+            n += 1
+            stem = f"{candidate}_{n}"
+        used.add(stem)
+        stems[f] = stem
+    return stems
+
+
+def save_path_for(save_dir, path, mode, frame, stems):
+    """Output image/video path and label-file stem for one frame (``stems``: see :func:`label_stems`).
+
+    The output keeps the source's name unless its label stem was made distinct (``a.jpg`` -> ``a.jpg``,
+    ``b.jpg`` in a second folder -> ``b.jpg_2.jpg``)."""
     p = Path(path)
-    stem = p.stem if mode == "image" else f"{p.stem}_{frame}"
-    return save_dir / p.name, save_dir / "labels" / stem
+    stem = stems.get(path, p.stem)
+    name = p.name if stem in (p.stem, p.name) else f"{stem}{p.suffix}"
+    return save_dir / name, save_dir / "labels" / (stem if mode == "image" else f"{stem}_{frame}")
 
 
 def write_labels(det, im0_shape, save_conf, file):
-    """YOLO-format ``cls x y w h [conf]`` lines (normalised to the original image) for (n, 6) detections."""
+    """YOLO-format ``cls x y w h [conf]`` lines (normalised to the original image) for (n, 6) detections.
+
+    The file is replaced, not appended to: each frame has its own file, and a rerun with --exist-ok
+    must not add its rows to the earlier run's."""
     h, w = im0_shape[:2]
     lines = []
     for *xyxy, conf, cls in det.tolist():
         xywh = xyxy2xywhn(torch.tensor([xyxy]), w=w, h=h)[0].tolist()
         values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
         lines.append(("%g " * len(values)).rstrip() % values + "\n")
-    with open(f"{file}.txt", "a") as f:
+    with open(f"{file}.txt", "w") as f:
         f.writelines(lines)
 
 
@@ -263,7 +300,6 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     Returns the run folder.
     """
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
-    (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     if model is None:
         device = select_device(device)
         model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx, .torchscript or *_openvino_model/
@@ -279,21 +315,26 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     names = class_names(model, data)
     batch_size = batch_size or auto_batch_size(device, imgsz)
     dataset = open_source(source, imgsz, stride, vid_stride)
+    make_run_folder(save_dir / "labels" if save_txt else save_dir)
     slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
                               device, half, classes, agnostic_nms)
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
                        max_det=max_det)
     video, summary = VideoSink(), SourceSummary(names)
-    outputs = dict(save_txt=save_txt, save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img,
-                   nosave=nosave, line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
+    files = getattr(dataset, "files", [])
+    videos = {f for f, is_video in zip(files, getattr(dataset, "video_flag", [])) if is_video}
+    outputs = dict(stems=label_stems(files, videos), label_files=set(), save_txt=save_txt,
+                   save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img, nosave=nosave,
+                   line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
     for frames in frame_batches(dataset, batch_size):
         dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
         dt = [total + t for total, t in zip(dt, times)]
         seen += len(frames)
         for f, det in zip(frames, dets):
-            write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
+            with output_errors(save_dir):
+                write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
             counts = Counter(int(c) for c in det[:, 5])
             found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
             LOGGER.info(f"{f.text}{found or '(no detections), '}{times[1] / len(frames) * 1e3:.1f}ms")
@@ -301,15 +342,35 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
 
     video.release()
     summary.finish(source)
-    report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir, save_txt, nosave)
+    report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir,
+           len(outputs["label_files"]) if save_txt else None, nosave)
     return save_dir
+
+
+def make_run_folder(folder):
+    """Create the run folder; a read-only or full --project is a UserError."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--project: cannot create {folder} ({e.strerror}); choose a writable --project") from e
+
+
+@contextlib.contextmanager
+def output_errors(save_dir):
+    """Turn an OSError while saving results (disk full, read-only) into a UserError naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {e.filename or save_dir} ({e.strerror}); results in {save_dir} are "
+                        f"incomplete: free disk space or choose another --project, then rerun") from e
 
 
 def write_outputs(det, im0, path, frame, fps, mode, save_dir, video, names, outputs: dict) -> None:
     """Labels, CSV rows, crops, the annotated image or video frame for one source frame, as ``outputs`` asks."""
-    save_path, label_stem = save_path_for(save_dir, path, mode, frame)
+    save_path, label_stem = save_path_for(save_dir, path, mode, frame, outputs["stems"])
     if outputs["save_txt"]:
         write_labels(det, im0.shape, outputs["save_conf"], label_stem)
+        outputs["label_files"].add(label_stem)
     if outputs["save_csv"]:
         append_csv(save_dir / "predictions.csv", path, frame, det, names)
     if outputs["save_crop"]:
@@ -322,7 +383,8 @@ def write_outputs(det, im0, path, frame, fps, mode, save_dir, video, names, outp
         show(str(path), annotated)
     if not outputs["nosave"]:
         if mode == "image":
-            cv2.imwrite(str(save_path), annotated)
+            if not cv2.imwrite(str(save_path), annotated):
+                raise OSError(errno.EIO, "the image could not be written", str(save_path))
         else:
             video.write(save_path, annotated, fps)
 
@@ -339,17 +401,16 @@ def append_csv(file, path, frame, det, names):
                              *(f"{v:.1f}" for v in xyxy)])
 
 
-def report(dt, seen, shape, save_dir, save_txt, nosave):
-    """Log per-image speed and where results went."""
+def report(dt, seen, shape, save_dir, n_labels, nosave):
+    """Log per-image speed and where results went; ``n_labels``: label files this run wrote (None: no --save-txt)."""
     if seen == 0:
         LOGGER.warning("no frames were read from --source")
         return
     per_image = tuple(x / seen * 1e3 for x in dt)
     LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
                 f"{shape}" % per_image)
-    if save_txt or not nosave:
-        n_labels = len(list(save_dir.glob("labels/*.txt")))
-        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
+    if n_labels is not None or not nosave:
+        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if n_labels is not None else ""
         LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
 
 
@@ -368,7 +429,9 @@ def parse_opt(argv=None):
     parser.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=1000, help="maximum detections per image")
     parser.add_argument("--view-img", action="store_true", help="show results")
-    parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
+    parser.add_argument("--save-txt", action="store_true",
+                        help="save results to labels/STEM.txt; images sharing a stem (a.jpg, a.png) get "
+                             "labels/a.jpg.txt and labels/a.png.txt, a name still taken gets _2, _3...")
     parser.add_argument("--save-csv", action="store_true", help="save results in CSV format")
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-crop", action="store_true", help="save cropped prediction boxes")

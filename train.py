@@ -45,7 +45,7 @@ from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E4
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
-from utils.evolve import evolve  # noqa: E402
+from utils.evolve import META, evolve  # noqa: E402
 from utils.options import (OptionRules, add_shared_flags, check_options, merge_resumed_options,  # noqa: E402
                            typed_flags)
 from utils.ops import check_img_size  # noqa: E402
@@ -120,7 +120,10 @@ RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval
 
 def resolve_options(opt, argv=None):
     """Check the flags, resolve --resume, and choose the run folder. Returns (opt, resume_ckpt)."""
-    if opt.resume and not opt.evolve:
+    if opt.resume and opt.evolve:
+        raise UserError(f"--resume {opt.resume} does not apply to --evolve; to continue an evolution, rerun it "
+                        "with the same --project and --name and with --exist-ok (it continues from evolve.csv)")
+    if opt.resume:
         return resume_options(opt, argv)
     if not opt.cfg and not opt.weights:
         raise UserError("--cfg is required when training from scratch (--weights ''), e.g. --cfg models/ffca-yolo.yaml")
@@ -161,6 +164,11 @@ def resume_options(opt, argv=None):
 
 def load_hyp(opt) -> dict:
     hyp = yaml_load(opt.hyp) if isinstance(opt.hyp, (str, Path)) else dict(opt.hyp)
+    if not isinstance(hyp, dict):
+        raise UserError(f"--hyp {opt.hyp}: expected a mapping of hyperparameters, e.g. data/hyps/hyp.scratch-low.yaml")
+    missing = [k for k in META if not isinstance(hyp.get(k), (int, float)) or isinstance(hyp.get(k), bool)]
+    if missing:
+        raise UserError(f"--hyp {opt.hyp}: missing or non-numeric {', '.join(missing)}; see {DEFAULT_HYP.name}")
     hyp["label_smoothing"] = opt.label_smoothing  # the flag wins, as in YOLOv5
     return hyp
 
@@ -191,12 +199,12 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
 
 def freeze_layers(model, freeze: list) -> list:
     """Freeze ``--freeze N`` (first N layers) or ``--freeze i j k`` (those layers). Returns frozen prefixes."""
-    indices = freeze if len(freeze) > 1 else range(freeze[0])
-    prefixes = [f"model.{i}." for i in indices]
+    prefixes = [f"model.{i}." for i in (freeze if len(freeze) > 1 else range(freeze[0]))]
     for name, param in model.named_parameters():
-        param.requires_grad = True
-        if any(name.startswith(prefix) for prefix in prefixes):
-            param.requires_grad = False
+        param.requires_grad = not any(name.startswith(prefix) for prefix in prefixes)
+    if not any(param.requires_grad for param in model.parameters()):
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: freezes every layer of this {len(model.model)}-layer "
+                        "model, so nothing would train; freeze fewer layers")
     if prefixes:
         LOGGER.info(f"Freezing {len(prefixes)} layers: {', '.join(p.rstrip('.') for p in prefixes)}")
     return prefixes

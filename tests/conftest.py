@@ -68,3 +68,58 @@ def log_lines():
     LOGGER.addHandler(handler)
     yield lines
     LOGGER.removeHandler(handler)
+
+
+def _inject_write_fault(monkeypatch, root: Path, code: int):
+    """Make every write under ``root`` fail with ``code`` (open for writing, mkdir, cv2.imwrite), as a full
+    disk or read-only mount does; reads and writes elsewhere are untouched. Root ignores mode bits, so this
+    stands in for chmod."""
+    import builtins
+    import errno
+    import os
+
+    import cv2
+
+    root = Path(root).resolve()
+
+    def inside(path) -> bool:
+        return Path(os.path.abspath(path)).is_relative_to(root)
+
+    def fail(path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    real_open, real_mkdir, real_imwrite = builtins.open, Path.mkdir, cv2.imwrite
+
+    def open_(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, Path)) and any(c in mode for c in "wax+") and inside(file):
+            fail(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def mkdir(self, *args, **kwargs):
+        if inside(self) and not (self.is_dir() and kwargs.get("exist_ok")):
+            fail(self)
+        return real_mkdir(self, *args, **kwargs)
+
+    def imwrite(file, *args, **kwargs):
+        return False if inside(file) else real_imwrite(file, *args, **kwargs)  # OpenCV reports failure so
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(cv2, "imwrite", imwrite)
+    return errno.errorcode[code]
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``full_disk(folder)``: from now on every write under ``folder`` fails with ENOSPC."""
+    import errno
+
+    return lambda folder: _inject_write_fault(monkeypatch, folder, errno.ENOSPC)
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(folder)``: from now on every write under ``folder`` fails with EROFS (a read-only mount)."""
+    import errno
+
+    return lambda folder: _inject_write_fault(monkeypatch, folder, errno.EROFS)

@@ -386,3 +386,36 @@ def test_shipped_yaml_names_match_the_converter(tmp_path, yaml_name, names):
         (tmp_path / "images" / split).mkdir(parents=True)
     shipped["path"] = str(tmp_path)  # the user's --out folder
     assert check_dataset({**shipped, "yaml_file": str(tmp_path / "x.yaml")})["nc"] == len(names)
+
+
+def _orphan_visdrone(root):
+    (make_visdrone(root) / "VisDrone2019-DET-train" / "annotations" / "z.txt").write_text(
+        "10,20,8,6,1,4,0,0\n1,1,4,4,1,4,0,0\n")
+    return root, "z.txt"
+
+
+def _orphan_dota(root):
+    (make_dota(root) / "train" / "labelTxt" / "P0009.txt").write_text(
+        "0 0 10 0 10 10 0 10 harbor 0\n1 1 9 1 9 9 1 9 harbor 0\n")
+    return root, "P0009.txt"
+
+
+def _orphan_vedai(root):
+    make_vedai(root, combined=False)
+    (root / "Annotations512" / "00000009.txt").write_text(f"{vedai_row(1, 1, 1, 5, 5)}\n{vedai_row(1, 2, 2, 6, 6)}\n")
+    return root, "00000009.txt"
+
+
+@pytest.mark.parametrize("fmt, make", [("visdrone", _orphan_visdrone), ("dota", _orphan_dota),
+                                       ("vedai", _orphan_vedai)])
+def test_annotations_without_an_image_are_counted_and_named(tmp_path, log_lines, fmt, make):
+    src, orphan = make(tmp_path / "src")
+    convert(fmt, "--src", src, "--out", tmp_path / "out")
+    record = yaml.safe_load((tmp_path / "out" / "conversion.yaml").read_text())
+    assert record["dropped"]["image missing"] == 2
+    assert sum(orphan in m and "no image" in m for m in log_lines) == 1
+
+
+def test_vedai_names_the_row_of_an_unlisted_class_code(tmp_path, log_lines):
+    convert("vedai", "--src", make_vedai(tmp_path / "src", combined=False), "--out", tmp_path / "out")
+    assert sum("00000000.txt:2" in m and "class code 31" in m for m in log_lines) == 1

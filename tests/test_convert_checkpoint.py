@@ -241,6 +241,27 @@ def test_bad_files_exit_2_with_one_line(tmp_path, capsys, tiny_cfg):
     assert src.stat().st_size > 0 and not (Path(os.getcwd()) / "o.pt").exists()
 
 
+def test_destination_folder_or_unwritable_destination_exits_2(tmp_path, capsys, tiny_cfg, monkeypatch):
+    src, folder = tmp_path / "ok.pt", tmp_path / "out"
+    pickled_model_checkpoint(tiny_cfg, src)
+    folder.mkdir()
+    with pytest.raises(SystemExit) as e:
+        main([str(src), str(folder)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR:") and "\n" not in err
+    assert str(folder) in err and "is a folder" in err and not any(folder.iterdir())
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "new.pt"))
+
+    monkeypatch.setattr("utils.convert_checkpoint.save_checkpoint", full_disk)
+    with pytest.raises(SystemExit) as e:
+        main([str(src), str(tmp_path / "new.pt")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR:") and "\n" not in err
+    assert "new.pt" in err and "No space left" in err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("yolov5") is None,
                     reason="optional: pip install yolov5==7.0.14 to test a checkpoint written by upstream code")
 def test_real_upstream_yolov5_checkpoint(tmp_path):

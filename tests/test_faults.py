@@ -542,3 +542,13 @@ def test_sigterm_on_a_full_disk_says_nothing_was_saved(small_data, tmp_path):
     report = re.search(r"Training interrupted\..*", out)[0]
     assert report.endswith("no last.pt; no best.pt.") and "Resume with" not in out, out[-3000:]
     assert_disk_matches(tmp_path / "exp" / "weights", report)
+
+
+def test_finish_that_cannot_strip_last_pt_is_not_a_success(tmp_path, monkeypatch):
+    saver = saver_in(tmp_path)
+    saver.save_epoch(fake_state((1, 0)), 0, improved=False)
+    before = (tmp_path / "last.pt").read_bytes()
+    monkeypatch.setattr(run_state, "save_checkpoint", failing_save())
+    with pytest.raises(CheckpointNotSaved, match=r"complete but not stripped or marked finished .*--resume"):
+        saver.finish((1, 0))
+    assert (tmp_path / "last.pt").read_bytes() == before

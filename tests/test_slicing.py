@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from utils.errors import UserError
-from utils.slicing import (SlicedPredictor, add_slice_arguments, check_slice_options, greedy_nmm,
-                           merge_detections, shared_band_filter, tile_grid, to_letterbox)
+from utils.slicing import (NMM_CONF_FLOOR, SlicedPredictor, add_slice_arguments, check_slice_options, greedy_nmm,
+                           merge_detections, shared_band_filter, sliced_predictor, tile_grid, to_letterbox)
 from utils.ops import scale_boxes
 
 
@@ -115,6 +115,29 @@ def test_greedy_nmm_merges_by_smaller_box_within_class():
     assert len(greedy_nmm(det, agnostic=True)) == 2
     nms = merge_detections(det, "nms", 0.45)
     assert len(nms) == 4  # IoU of the first two is 0.4: NMS at 0.45 keeps both
+
+
+def chain_forward(x):
+    """Raw model output (b, 12, 6): a row of 10x10 class-0 boxes 4 px apart at confidence 0.05. Neighbours
+    overlap by 0.6 of the smaller box (NMM merges them) at IoU 0.43 (NMS at 0.45 keeps them)."""
+    xs = torch.arange(12, dtype=torch.float32) * 4 + 10
+    rows = torch.stack([xs, torch.full_like(xs, 20), *torch.full((2, 12), 10.0), torch.full_like(xs, 0.05),
+                        torch.ones_like(xs)], 1)
+    return rows.expand(len(x), -1, -1).clone()
+
+
+def test_nmm_below_the_confidence_floor_merges_by_nms_with_one_warning(log_lines):
+    im = np.zeros((64, 64, 3), np.uint8)
+    options = dict(slice_size=64, no_full_pass=True, imgsz=64, stride=32)
+    low = sliced_predictor(chain_forward, slice_merge="nmm", conf_thres=0.001, **options)
+    assert low.merge == "nms"
+    assert len(log_lines) == 1 and "--slice-merge nmm" in log_lines[0] and "--conf-thres 0.001" in log_lines[0]
+    assert f"{NMM_CONF_FLOOR}" in log_lines[0] and "NMS" in log_lines[0]
+    det = low(im)
+    assert torch.equal(det, sliced_predictor(chain_forward, slice_merge="nms", conf_thres=0.001, **options)(im))
+    assert len(det) == 12 and float((det[:, 2] - det[:, 0]).max()) == 10  # no chained union boxes
+    floor = sliced_predictor(chain_forward, slice_merge="nmm", conf_thres=NMM_CONF_FLOOR, **options)
+    assert floor.merge == "nmm" and len(log_lines) == 1  # at the floor NMM runs as asked, silently
 
 
 def test_to_letterbox_inverts_scale_boxes():

@@ -279,6 +279,54 @@ def test_detect_labels_without_conf_classes_filter_and_nosave(trained, tmp_path)
     assert {int(parts[0]) for parts in lines} == {kept}
 
 
+def test_detect_rerun_with_exist_ok_replaces_labels_and_counts_only_its_own(trained, tmp_path, log_lines):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("a.jpg", "a.png", "b.jpg"):
+        cv2.imwrite(str(source / name), np.full((64, 64, 3), 128, np.uint8))
+    model = attempt_load(trained[1])
+    options = dict(imgsz=(64,), model=model, save_txt=True, nosave=True, project=tmp_path, name="exp",
+                   exist_ok=True, max_det=3, conf_thres=0.0)
+    first = _labels(detect.run(None, str(source), **options))
+    assert list(first) == ["a.jpg.txt", "a.png.txt", "b.txt"]
+    (source / "b.jpg").unlink()
+    log_lines.clear()
+    second = _labels(detect.run(None, str(source), **options))
+    assert all(np.array_equal(second[n], first[n]) for n in ("a.jpg.txt", "a.png.txt")), "labels were appended"
+    assert "b.txt" in second  # the earlier run's file stays, but is not counted as this run's
+    assert any(line.endswith(f"2 labels saved to {tmp_path / 'exp' / 'labels'}") for line in log_lines), log_lines
+
+
+def test_detect_same_file_name_in_two_folders_keeps_both_images_and_labels(trained, tmp_path):
+    for folder, shape in (("x", (64, 64)), ("y", (48, 64))):
+        (tmp_path / folder).mkdir()
+        cv2.imwrite(str(tmp_path / folder / "b.jpg"), np.full((*shape, 3), 128, np.uint8))
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{tmp_path / 'x' / 'b.jpg'}\n{tmp_path / 'y' / 'b.jpg'}\n")
+    out = detect.run(None, str(listing), imgsz=(64,), model=attempt_load(trained[1]), save_txt=True,
+                     project=tmp_path, name="exp", max_det=3, conf_thres=0.0)
+    assert sorted(f.name for f in out.glob("*.jpg")) == ["b.jpg", "b.jpg_2.jpg"]
+    assert cv2.imread(str(out / "b.jpg")).shape[:2] == (64, 64)
+    assert cv2.imread(str(out / "b.jpg_2.jpg")).shape[:2] == (48, 64)
+    assert list(_labels(out)) == ["b.jpg.txt", "b.jpg_2.txt"]
+
+
+def test_detect_video_frame_labels_do_not_collide_with_an_image_named_like_a_frame(trained, tmp_path, log_lines):
+    source = tmp_path / "src"
+    source.mkdir()
+    cv2.imwrite(str(source / "clip_1.jpg"), np.full((64, 64, 3), 200, np.uint8))
+    writer = cv2.VideoWriter(str(source / "clip.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 64))
+    for i in range(3):
+        writer.write(np.full((64, 64, 3), 40 * i, dtype=np.uint8))
+    writer.release()
+    out = detect.run(None, str(source), imgsz=(64,), model=attempt_load(trained[1]), save_txt=True, nosave=True,
+                     project=tmp_path, name="exp", max_det=2, conf_thres=0.0)
+    labels = _labels(out)
+    assert list(labels) == ["clip.mp4_1.txt", "clip.mp4_2.txt", "clip.mp4_3.txt", "clip_1.txt"]
+    assert all(len(rows) == 2 for rows in labels.values())
+    assert any(line.endswith("4 labels saved to " + str(out / "labels")) for line in log_lines)
+
+
 def _labels(folder):
     """{label file name: rows as float arrays} of a detect run's labels/ folder."""
     return {f.name: np.loadtxt(f, ndmin=2) for f in sorted((folder / "labels").glob("*.txt"))}

@@ -255,6 +255,8 @@ def convert(src, dst, model_class) -> dict:
     Returns the checkpoint written."""
     if Path(dst).resolve() == Path(src).resolve():
         raise UserError(f"{dst}: the destination must differ from the source checkpoint")
+    if Path(dst).is_dir():
+        raise UserError(f"{dst}: the destination is a folder; give a file path such as {Path(dst) / 'converted.pt'}")
     cfg, names, tensors, qualname, layer_classes = foreign_model(read_foreign_checkpoint(src), src)
     cfg = with_authors_ffm({k: v for k, v in cfg.items() if k != "ch"}, layer_classes)
     model = model_class(cfg, nc=int(cfg["nc"]))
@@ -267,7 +269,11 @@ def convert(src, dst, model_class) -> dict:
             "ema": None, "epoch": -1, "best_fitness": None,
             "converted_from": {"file": str(src), "sha256": file_sha256(src), "class": qualname,
                                "tensors": len(tensors), "ffm_arithmetic": arithmetic}}
-    save_checkpoint(ckpt, dst)
+    try:
+        save_checkpoint(ckpt, dst)
+    except OSError as e:
+        raise UserError(f"{e.filename or dst}: cannot write the converted checkpoint ({e.strerror}); "
+                        "free disk space or choose a writable destination") from None
     LOGGER.info(f"Converted {src} ({qualname}, {len(tensors)} tensors, {len(names)} classes) -> {dst}")
     return ckpt
 

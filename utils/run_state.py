@@ -295,14 +295,19 @@ class CheckpointSaver:
         record the weights' SHA-256 read from last.pt; returns the file to validate.
 
         Raises :class:`CheckpointNotSaved` (one line naming what is on disk) when the final
-        state is not in last.pt: such a run must not end as a success.
+        state is not in last.pt, or last.pt cannot be stripped: such a run must not end as a success.
         """
         final_position = tuple(final_position)
         if self.last_position != final_position:
             resume = f" Free space and resume with: {self.resume_command()}" if self.resumable else ""
             raise CheckpointNotSaved(f"the final weights ({describe_position(final_position)}) could not be saved. "
                                      f"{self.describe()}{resume}")
-        checksum = self._strip(self.last, on_commit=lambda: setattr(self, "last_finished", True))
+        try:
+            checksum = strip_optimizer(self.last, on_commit=lambda: setattr(self, "last_finished", True))
+        except (OSError, RuntimeError) as e:
+            raise CheckpointNotSaved(f"the final weights are in {self.last}, complete but not stripped or marked "
+                                     f"finished ({error_text(e)}). Free space and resume with: "
+                                     f"{self.resume_command()}") from e
         if self.best.is_file() and self.best_state in ("current", "earlier"):
             self._strip(self.best)
         elif self.best_state == "stale":

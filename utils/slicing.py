@@ -26,6 +26,7 @@ from utils.ops import clip_boxes, non_max_suppression
 
 MERGE_MODES = ("nms", "nmm")
 NMM_THRESHOLD = 0.5  # intersection over the smaller box at which NMM merges two boxes
+NMM_CONF_FLOOR = 0.1  # --conf-thres below this: NMM would chain many weak boxes into a few giant ones; NMS runs
 EDGE_TOLERANCE = 2.0  # pixels: a box this close to an inner tile edge counts as cut by it
 
 
@@ -36,7 +37,8 @@ def add_slice_arguments(parser: argparse.ArgumentParser, batch_default=16) -> No
     parser.add_argument("--slice-overlap", type=float, default=0.2, help="overlap of neighbouring tiles (0-0.9)")
     parser.add_argument("--no-full-pass", action="store_true", help="sliced inference without the full-image pass")
     parser.add_argument("--slice-merge", default="nms", choices=MERGE_MODES,
-                        help="merge tile boxes by class-aware NMS (IoU) or NMM (intersection over smaller box)")
+                        help="merge tile boxes by class-aware NMS (IoU) or NMM (intersection over smaller box); "
+                             f"NMM needs --conf-thres {NMM_CONF_FLOOR} or more, below it NMS runs with a warning")
     parser.add_argument("--slice-batch", type=int, default=batch_default, help="tiles per forward pass")
 
 
@@ -229,10 +231,20 @@ def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False,
                      conf_thres=0.25, iou_thres=0.45, max_det=1000, imgsz=640, stride=32, device="cpu", half=False,
                      classes=None, agnostic=False, multi_label=False):
     """A SlicedPredictor built from the command-line values (flags of :func:`add_slice_arguments`), or
-    None when ``slice_size`` is 0. ``forward(x)`` runs the model; ``imgsz`` is the full-pass size."""
+    None when ``slice_size`` is 0. ``forward(x)`` runs the model; ``imgsz`` is the full-pass size.
+
+    ``slice_merge='nmm'`` with ``conf_thres`` below :data:`NMM_CONF_FLOOR` (val.py's default 0.001)
+    merges by NMS instead, with one warning: greedy merging of thousands of weak boxes makes a few
+    giant boxes (mAP near 0) and is slow.
+    """
     size = check_slice_options(slice_size, slice_overlap, slice_batch, stride)
     if not size:
         return None
+    if slice_merge == "nmm" and conf_thres < NMM_CONF_FLOOR:
+        LOGGER.warning(f"--slice-merge nmm with --conf-thres {conf_thres} (below {NMM_CONF_FLOOR}) would merge "
+                       f"weak boxes into giant ones; merging by NMS instead (use --conf-thres {NMM_CONF_FLOOR} "
+                       "or more for NMM)")
+        slice_merge = "nms"
     detect_fn = nms_detect_fn(forward, conf_thres, iou_thres, max_det, classes, agnostic, multi_label)
     full_pass = 0 if no_full_pass else int(max(np.atleast_1d(imgsz)))
     return SlicedPredictor(detect_fn, size, slice_overlap, full_pass, slice_merge, iou_thres, max_det, slice_batch,

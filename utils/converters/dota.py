@@ -87,7 +87,9 @@ def convert(opt) -> None:
                 if split_dir.is_dir():
                     LOGGER.info(f"{split_dir}: no images/ with a labelTxt* folder, split skipped")
                 continue
-            for image in list_images(split_dir / "images"):
+            images = list_images(split_dir / "images")
+            writer.orphan_files(labels, {image.stem for image in images})
+            for image in images:
                 size = image_size(image)
                 if size is None:
                     writer.skip_image(str(image), "not a readable image")

@@ -90,6 +90,7 @@ def image_rows(entries, code_to_class, size, writer) -> list:
             writer.bad_row(where, str(e))
             continue
         if code not in code_to_class:
+            LOGGER.warning(f"{where}: class code {code} is not in the --classes list; row dropped")
             writer.drop(f"class code {code} not in --classes list")
             continue
         writer.add_box(out, code_to_class[code], box, *size)
@@ -112,7 +113,11 @@ def convert(opt) -> None:
         if splits is None:
             LOGGER.info(f"--src {src}: no fold{opt.fold:02d}.txt / fold{opt.fold:02d}test.txt; "
                         f"{opt.val_fraction:.0%} of the images go to val by a hash of their names")
-        for image in sorted(tiles[0].glob(f"*_{opt.modality}.png")):
+        images = sorted(tiles[0].glob(f"*_{opt.modality}.png"))
+        numbers_with_image = {image.stem.rsplit("_", 1)[0] for image in images}
+        for number in sorted(set(rows) - numbers_with_image):
+            writer.no_image(rows[number][0][0], len(rows[number]))
+        for image in images:
             number = image.stem.rsplit("_", 1)[0]
             split = splits.get(number) if splits is not None else hash_split(number, opt.val_fraction)
             size = image_size(image)

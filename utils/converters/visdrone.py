@@ -128,7 +128,9 @@ def convert(opt) -> None:
     options = {"blackout_ignored": opt.blackout_ignored}
     with DatasetWriter(opt.out, "VisDrone", options, link=opt.link) as writer:
         for split, folder in folders:
-            for image in list_images(folder / "images"):
+            images = list_images(folder / "images")
+            for image in images:
                 convert_image(image, folder / "annotations" / f"{image.stem}.txt", split, writer,
                               opt.blackout_ignored)
+            writer.orphan_files(folder / "annotations", {image.stem for image in images})
         writer.publish(opt.name or "VisDrone", NAMES)

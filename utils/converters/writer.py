@@ -95,6 +95,19 @@ class DatasetWriter:
         LOGGER.warning(f"{where}: {reason}; row skipped")
         self.dropped["malformed row"] += 1
 
+    def no_image(self, where: str, n: int) -> None:
+        """Report an annotation file (or group of rows) whose image is missing and count its ``n`` rows dropped."""
+        if n:
+            LOGGER.warning(f"{where}: {n} annotation rows but no image; dropped")
+            self.drop("image missing", n)
+
+    def orphan_files(self, folder: Path, stems: set) -> None:
+        """Count the rows of every ``*.txt`` annotation file in ``folder`` whose image stem is not in ``stems``."""
+        for label_file in sorted(folder.glob("*.txt")):
+            if label_file.stem not in stems:
+                lines = label_file.read_text(errors="replace").splitlines()
+                self.no_image(str(label_file), sum(bool(line.strip()) for line in lines))
+
     def skip_image(self, where: str, reason: str) -> None:
         """Report one image that cannot be converted (missing, unreadable, broken annotation file)."""
         LOGGER.warning(f"{where}: {reason}; image skipped")

@@ -1,0 +1,116 @@
+"""Entry points under faults and user errors: one ``ERROR:`` line and exit 2, no silent loss, nothing left behind.
+
+Fault matrix (see docs/reliability.md); each row is a test below:
+
+| entry point | full disk (ENOSPC)       | read-only (EROFS)        | user error                                  |
+|-------------|--------------------------|--------------------------|---------------------------------------------|
+| detect.py   | test_detect_write_faults | test_detect_write_faults | test_detect_missing_source_leaves_no_folder |
+| train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
+"""
+
+import sys
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import detect
+import train
+from models.yolo import Model
+from utils.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_cfg):
+    torch.manual_seed(0)
+    return Model(str(tiny_cfg), nc=4).eval()
+
+
+def _images(folder, names):
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in names:
+        cv2.imwrite(str(folder / name), rng.integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    return folder
+
+
+def _tiny_backend(cfg):
+    """A stand-in for ``load_backend``: an untrained tiny model, so no checkpoint is needed."""
+    return lambda *args, **kwargs: detect.PyTorchBackend(Model(str(cfg), nc=4).eval())
+
+
+def _cli_error(capsys, func, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        func(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2, err
+    assert len(err) == 1 and err[0].startswith("ERROR:"), err
+    return err[0]
+
+
+def test_label_stems_are_unique_and_derived_from_the_file_name():
+    stems = detect.label_stems(["x/a.jpg", "x/a.png", "x/b.jpg", "y/b.jpg", "x/c.jpg"])
+    assert stems == {"x/a.jpg": "a.jpg", "x/a.png": "a.png", "x/b.jpg": "b.jpg", "y/b.jpg": "b.jpg_2", "x/c.jpg": "c"}
+
+
+def test_detect_images_sharing_a_stem_get_their_own_label_files(tiny_model, tmp_path):
+    source = _images(tmp_path / "src", ["a.jpg", "a.png", "b.jpg"])
+    save_dir = detect.run(None, str(source), imgsz=(64,), model=tiny_model, save_txt=True, nosave=True,
+                          conf_thres=0.0, max_det=3, project=tmp_path, name="run", batch_size=1)
+    labels = sorted(p.name for p in (save_dir / "labels").iterdir())
+    assert labels == ["a.jpg.txt", "a.png.txt", "b.txt"]
+    assert all(len((save_dir / "labels" / n).read_text().splitlines()) == 3 for n in labels)
+
+
+@pytest.mark.parametrize("fault, reason", [("full_disk", "No space left"), ("read_only", "Read-only")])
+@pytest.mark.parametrize("outputs", [["--save-txt", "--nosave"], []])
+@pytest.mark.parametrize("where", ["project", "run folder"])
+def test_detect_write_faults(request, tiny_cfg, tmp_path, capsys, monkeypatch, fault, reason, outputs, where):
+    """The fault hits creating the run folder, or (folder already there) writing labels or images."""
+    source = _images(tmp_path / "src", ["a.jpg"])
+    project = tmp_path / "runs"
+    (project / "exp" / "labels").mkdir(parents=True)
+    monkeypatch.setattr(detect, "load_backend", _tiny_backend(tiny_cfg))
+    request.getfixturevalue(fault)(project if where == "project" else project / "exp")
+    extra = ["--name", "new"] if where == "project" else ["--exist-ok"]
+    err = _cli_error(capsys, detect.cli, ["--weights", "w.pt", "--source", str(source), "--imgsz", "64",
+                                          "--device", "cpu", "--project", str(project), "--conf-thres", "0",
+                                          *outputs, *extra])
+    image_write = where == "run folder" and not outputs  # OpenCV only says that the write failed
+    assert (("could not be written" if image_write else reason) in err) and str(project) in err
+
+
+def test_detect_missing_source_leaves_no_folder(tmp_path, capsys, tiny_cfg, monkeypatch):
+    monkeypatch.setattr(detect, "load_backend", _tiny_backend(tiny_cfg))
+    err = _cli_error(capsys, detect.cli, ["--weights", "w.pt", "--source", str(tmp_path / "nope.jpg"),
+                                          "--imgsz", "64", "--device", "cpu", "--project", str(tmp_path / "runs")])
+    assert "nope.jpg" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--evolve", "1", "--resume", "last.pt"], "--resume last.pt does not apply to --evolve"),
+    (["--hyp", "{no_lr0}"], "missing or non-numeric lr0"),
+    (["--hyp", "{a_list}"], "expected a mapping"),
+])
+def test_train_refuses_before_making_a_run_folder(flags, message, tiny_cfg, shapes_data, tmp_path, capsys,
+                                                  monkeypatch):
+    no_lr0, a_list = tmp_path / "no_lr0.yaml", tmp_path / "list.yaml"
+    hyp = (train.ROOT / "data/hyps/hyp.scratch-low.yaml").read_text()
+    no_lr0.write_text("\n".join(line for line in hyp.splitlines() if not line.startswith("lr0:")))
+    a_list.write_text("- 1\n- 2\n")
+    flags = [f.format(no_lr0=no_lr0, a_list=a_list) for f in flags]
+    project = tmp_path / "runs"
+    monkeypatch.setattr(sys, "argv", ["train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--project",
+                                      str(project), "--device", "cpu", "--epochs", "1", "--imgsz", "64", *flags])
+    assert message in _cli_error(capsys, lambda argv: train.cli(), None)
+    assert not project.exists()
+
+
+def test_freezing_every_layer_is_a_user_error(tiny_cfg):
+    model = Model(str(tiny_cfg), nc=4)
+    with pytest.raises(UserError, match=rf"--freeze 100: freezes every layer of this {len(model.model)}-layer model"):
+        train.freeze_layers(model, [100])
+    assert train.freeze_layers(model, [1]) == ["model.0."]
+    assert any(p.requires_grad for p in model.parameters())
