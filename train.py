@@ -43,7 +43,7 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
 from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
-from utils.loss import ComputeLoss  # noqa: E402
+from utils.loss import ComputeLoss, scale_loss_gains  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
 from utils.evolve import META, evolve  # noqa: E402
 from utils.options import (OptionRules, add_shared_flags, check_options, merge_resumed_options,  # noqa: E402
@@ -208,15 +208,6 @@ def freeze_layers(model, freeze: list) -> list:
     if prefixes:
         LOGGER.info(f"Freezing {len(prefixes)} layers: {', '.join(p.rstrip('.') for p in prefixes)}")
     return prefixes
-
-
-def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int) -> dict:
-    """YOLOv5's loss-gain scaling by number of detection layers, classes and image size."""
-    hyp = dict(hyp)
-    hyp["box"] *= 3 / nl
-    hyp["cls"] *= nc / 80 * 3 / nl
-    hyp["obj"] *= (imgsz / 640) ** 2 * 3 / nl
-    return hyp
 
 
 def write_run_header(save_dir: Path, opt, hyp: dict) -> None:
@@ -562,9 +553,6 @@ def finish_run(ctx: RunContext, final: tuple, results):
     if ctx.plots:
         plot_results(ctx.save_dir / "results.csv")
     return results
-
-
-# ---------------------------------------------------------------------------------------- evolve
 
 
 # ---------------------------------------------------------------------------------------- main

@@ -26,7 +26,7 @@ from benchmarks.accuracy_variants import variant_yaml  # noqa: E402
 from make_tiny_shapes import make_tiny_shapes  # noqa: E402
 from models.ffca import FFM_Concat2, FFM_Concat3  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from train import scale_loss_gains  # noqa: E402
+from utils.loss import scale_loss_gains  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
 from utils.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402

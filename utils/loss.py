@@ -44,6 +44,15 @@ class FocalLoss(nn.Module):
         return loss.sum() if self.reduction == "sum" else loss
 
 
+def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int) -> dict:
+    """YOLOv5's loss-gain scaling by number of detection layers, classes and image size."""
+    hyp = dict(hyp)
+    hyp["box"] *= 3 / nl
+    hyp["cls"] *= nc / 80 * 3 / nl
+    hyp["obj"] *= (imgsz / 640) ** 2 * 3 / nl
+    return hyp
+
+
 def _detect_head(model):
     core = model.module if hasattr(model, "module") else model  # DDP wraps the model
     return core, core.model[-1]
