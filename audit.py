@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 from models.yolo import Model  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
-from utils.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
+from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
 DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"

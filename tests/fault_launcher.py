@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
-from utils import checkpoints  # noqa: E402
+from utils.training import checkpoints  # noqa: E402
 
 
 class FaultyFile:
@@ -47,7 +47,7 @@ class FaultyFile:
 
 
 def install(spec: str) -> None:
-    """Wrap the atomic writer that utils.checkpoints.save_checkpoint uses."""
+    """Wrap the atomic writer that utils.training.checkpoints.save_checkpoint uses."""
     if spec == "none":
         return
     mode, value = spec.split(":")

@@ -23,7 +23,7 @@ from tests.nondeterministic_module import _PutGradient, write_model_yaml, write_
 from utils.autobatch import PROFILE_BATCH_SIZES, profile_memory
 from utils.errors import UserError
 from utils.files import yaml_load
-from utils.op_audit import (DOCUMENTED_OPS, EXEMPT_DOC_NAMES, NONDETERMINISTIC_OPS, PARALLEL_GRAIN, UNDOCUMENTED_OPS,
+from utils.determinism.op_audit import (DOCUMENTED_OPS, EXEMPT_DOC_NAMES, NONDETERMINISTIC_OPS, PARALLEL_GRAIN, UNDOCUMENTED_OPS,
                             AuditReport, Finding, audit_model, crowded_targets, detection_loss, match_nondeterministic)
 from utils.torch_utils import MODES, configure_determinism, temporary_determinism
 
@@ -337,7 +337,7 @@ def put_op():
 
 
 def test_optimizer_and_ema_ops_are_attributed_and_cannot_be_relaxed(monkeypatch):
-    import utils.op_audit as op_audit
+    import utils.determinism.op_audit as op_audit
 
     real_update = op_audit.ModelEMA.update
     monkeypatch.setattr(op_audit.ModelEMA, "update", lambda self, model: (put_op(), real_update(self, model)))

@@ -12,7 +12,7 @@ import torch
 
 import train
 from tests.run_outputs import results_rows
-from utils.checkpoints import load_checkpoint
+from utils.training.checkpoints import load_checkpoint
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run
 
 
 def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, log_lines):
-    from utils import run_state
+    from utils.training import run_state
 
     saver = run_state.CheckpointSaver(tmp_path / "last.pt", tmp_path / "best.pt", tmp_path)
     state = {"model_cfg": {}, "model": {"w": torch.ones(2)}, "next_position": [1, 0]}

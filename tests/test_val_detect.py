@@ -14,7 +14,7 @@ import detect
 import val
 from models.experimental import Ensemble, attempt_load, tta_forward
 from models.yolo import Model
-from utils.checkpoints import save_checkpoint
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 
 NAMES = ["circle", "square", "triangle", "cross"]
@@ -165,7 +165,7 @@ def test_val_end_to_end_writes_metrics_plots_labels_and_coco_json(trained, shape
 
 
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
-    from utils.data_config import check_dataset
+    from utils.data.data_config import check_dataset
     from utils.dataloaders import create_dataloader
     from utils.loss import ComputeLoss
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from utils.checkpoints import save_checkpoint
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 from utils.logging import LOGGER
 

@@ -4,7 +4,7 @@ The policy's public face lives here: four modes (``off``, ``warn``, ``scoped``, 
 :func:`configure_determinism`), :func:`temporary_determinism`, and :class:`DeterminismPolicy`,
 whose backward scope can relax ``torch.use_deterministic_algorithms`` for the backward pass only
 and which adopts the op audit's report. The audit itself (op table, tracer, report) is
-``utils/op_audit.py``; its command is ``python audit.py --cfg MODEL.yaml``.
+``utils/determinism/op_audit.py``; its command is ``python audit.py --cfg MODEL.yaml``.
 """
 
 import contextlib
@@ -498,7 +498,7 @@ class DeterminismPolicy:
         ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
         UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
         only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed and
-        are called out. ``report`` is a ``utils.op_audit.AuditReport``.
+        are called out. ``report`` is a ``utils.determinism.op_audit.AuditReport``.
         """
         failing = report.applicable()
         backward = [f for f in failing if f.phase == "backward"]
