@@ -33,7 +33,7 @@ from utils.autoanchor import check_anchors  # noqa: E402
 from utils.augmentations import random_rescale  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
 from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
-from utils.data.data_config import check_dataset  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group)

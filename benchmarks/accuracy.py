@@ -27,7 +27,7 @@ import train  # noqa: E402
 import val  # noqa: E402
 from benchmarks.accuracy_variants import ABLATIONS, MODELS, variant_yaml  # noqa: E402
 from make_tiny_shapes import make_tiny_shapes  # noqa: E402
-from utils.data.data_config import check_dataset  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 
 BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
 

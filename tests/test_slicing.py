@@ -167,7 +167,7 @@ def label_rows(folder) -> dict:
 @pytest.mark.slow
 def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data, tmp_path):
     import val
-    from utils.data.data_config import check_dataset
+    from utils.dataset.data_config import check_dataset
     from utils.dataloaders import create_dataloader
 
     # square 256 px batches without rect padding: the unsliced pass sees exactly the pixels of the one tile

@@ -165,7 +165,7 @@ def test_val_end_to_end_writes_metrics_plots_labels_and_coco_json(trained, shape
 
 
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
-    from utils.data.data_config import check_dataset
+    from utils.dataset.data_config import check_dataset
     from utils.dataloaders import create_dataloader
     from utils.loss import ComputeLoss
 
