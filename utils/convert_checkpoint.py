@@ -238,11 +238,3 @@ def convert(src, dst, model_class) -> dict:
     LOGGER.info(f"Converted {src} ({qualname}, {len(tensors)} tensors, {len(names)} classes) -> {dst}")
     return ckpt
 
-
-if __name__ == "__main__":
-    # The command line builds this project's model, so it lives in the entry script convert_checkpoint.py;
-    # running it as a program (not an import) keeps ``python -m utils.convert_checkpoint`` working
-    # without an upward import from utils/.
-    import runpy
-
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "convert_checkpoint.py"), run_name="__main__")

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from utils.ddp import dist_info_from_env
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
 
-LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))  # set by torch.distributed.run; -1 outside DDP
 
 
 # ----------------------------------------------------------------------------- devices
@@ -88,9 +88,10 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     if len(ids) > 1 and batch_size > 0 and batch_size % len(ids):
         raise UserError(f"--batch-size {batch_size} is not a multiple of the {len(ids)} GPUs in "
                         f"--device {device}; use a multiple of {len(ids)}")
-    slot = max(LOCAL_RANK, 0)
+    local_rank = dist_info_from_env().local_rank
+    slot = max(local_rank, 0)
     if slot >= len(ids):
-        raise UserError(f"--device {device!r}: LOCAL_RANK {LOCAL_RANK} needs at least {slot + 1} GPUs "
+        raise UserError(f"--device {device!r}: LOCAL_RANK {local_rank} needs at least {slot + 1} GPUs "
                         "in --device; list one GPU per process")
     if request and not torch.cuda.is_initialized():
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
@@ -586,10 +587,3 @@ def _adoption_summary(mode: str, report, backward: list, forward: list, relax: b
         parts.append("nothing to relax here; full determinism kept.")
     return " ".join(parts)
 
-
-if __name__ == "__main__":
-    # The audit command moved to audit.py; this alias keeps ``python -m utils.torch_utils --audit``
-    # working. It runs the script as a program (not an import), so utils/ gains no upward import.
-    import runpy
-
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "audit.py"), run_name="__main__")
