@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from audit import main
-from tests.nondeterministic_module import PutGradient as PutBlock
-from tests.nondeterministic_module import _PutGradient, write_model_yaml, write_put_model_yaml
+from tests.support.nondeterministic_module import PutGradient as PutBlock
+from tests.support.nondeterministic_module import _PutGradient, write_model_yaml, write_put_model_yaml
 from utils.autobatch import PROFILE_BATCH_SIZES, profile_memory
 from utils.errors import UserError
 from utils.files import yaml_load

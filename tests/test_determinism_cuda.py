@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.nondeterministic_module import MaxPoolAttention
+from tests.support.nondeterministic_module import MaxPoolAttention
 from utils.errors import UserError
 from utils.determinism.op_audit import audit_model
 from utils.torch_utils import configure_determinism, get_rng_state, set_rng_state

@@ -114,7 +114,7 @@ def small_data():
 
 
 def train_cmd(data, project: Path, fault: str = "none", *extra) -> list:
-    return [sys.executable, str(ROOT / "tests" / "fault_launcher.py"), fault, "--cfg", str(TINY), "--data", str(data),
+    return [sys.executable, str(ROOT / "tests" / "support" / "fault_launcher.py"), fault, "--cfg", str(TINY), "--data", str(data),
             "--imgsz", "64", "--batch-size", "2", "--epochs", "2", "--workers", "0", "--device", "cpu",
             "--noplots", "--noautoanchor", "--save-interval", "0", "--project", str(project), "--name", "exp", *extra]
 
@@ -251,7 +251,7 @@ def test_a_write_that_fails_halfway_leaves_the_previous_file_and_no_temp(tmp_pat
     saver = saver_in(tmp_path)
     saver.save_last(fake_state((0, 1)))
     before = (tmp_path / "last.pt").read_bytes()
-    from tests import fault_launcher
+    from tests.support import fault_launcher
 
     monkeypatch.setattr(checkpoints, "atomic_open", checkpoints.atomic_open)  # restored after the test
     fault_launcher.install("enospc:0")

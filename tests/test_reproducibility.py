@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from tests.run_outputs import results_rows as results, weights_checksum as checksum
+from tests.support.run_outputs import results_rows as results, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)

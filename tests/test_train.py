@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from tests.run_outputs import results_rows
+from tests.support.run_outputs import results_rows
 from utils.training.checkpoints import load_checkpoint
 from utils.errors import UserError
 
@@ -114,7 +114,7 @@ def test_early_stopping_ends_before_last_epoch(shapes_data, tiny_cfg, tmp_path, 
 
 @pytest.mark.slow
 def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(shapes_data, tmp_path):
-    from tests.nondeterministic_module import write_put_model_yaml
+    from tests.support.nondeterministic_module import write_put_model_yaml
 
     cfg = write_put_model_yaml(tmp_path)
     with pytest.raises(UserError) as err:

@@ -1,6 +1,6 @@
 """Run train.py's command line with a fault injected into checkpoint writes (for tests/test_faults.py).
 
-    python tests/fault_launcher.py SPEC train.py-arguments...
+    python tests/support/fault_launcher.py SPEC train.py-arguments...
 
 SPEC is one of
     none            no fault
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
