@@ -38,4 +38,4 @@ COPY --chown=1000:1000 . .
 
 USER 1000:1000
 
-CMD ["python", "-m", "utils.env"]
+CMD ["python", "-m", "utils.determinism.env"]

@@ -5,7 +5,7 @@ Usage:
     python audit.py --cfg my-model.yaml --device 0 --batch-size 4     # exit 1: findings listed
 
 Exit codes: 0 clean, 1 findings, 2 bad arguments (one ``ERROR:`` line), 3 the audit itself could
-not run (one ``ERROR:`` line saying why). ``python -m utils.torch_utils --audit ...`` is an alias.
+not run (one ``ERROR:`` line saying why).
 The audit runs one training step (forward, ComputeLoss on crowded synthetic targets, backward,
 optimizer step, EMA update) with the loss gains of data/hyps/hyp.scratch-low.yaml; see
 docs/determinism.md.
@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 from models.yolo import Model  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
-from utils.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
+from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
 DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"

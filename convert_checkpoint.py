@@ -1,6 +1,6 @@
 """Convert an upstream YOLOv5 (v6/v7) or FFCA-YOLO pickled checkpoint into this project's plain checkpoint.
 
-    python convert_checkpoint.py yolov5s.pt converted.pt      # also: python -m utils.convert_checkpoint ...
+    python convert_checkpoint.py yolov5s.pt converted.pt    
 
 No code from the source file runs (see utils/convert_checkpoint.py); the model is rebuilt from the
 model YAML stored in it, every tensor must be used, and the result loads with weights_only=True.

@@ -38,7 +38,7 @@ from utils.options import OptionRules, add_shared_flags, check_options  # noqa: 
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
-from utils.sources import LoadImages  # noqa: E402
+from utils.dataset.sources import LoadImages  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 CSV_HEADER = ["image", "frame", "class", "name", "confidence", "x1", "y1", "x2", "y2"]

@@ -29,34 +29,34 @@ if str(ROOT) not in sys.path:
 import val as validate  # noqa: E402
 from models.experimental import attempt_load  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.amp import check_amp  # noqa: E402
+from utils.training.amp import check_amp  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
 from utils.augmentations import random_rescale  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
-from utils.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
-from utils.data_config import check_dataset  # noqa: E402
+from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group)
-from utils.env import environment_report  # noqa: E402
+from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
-from utils.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
+from utils.training.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss, scale_loss_gains  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
-from utils.evolve import META, evolve  # noqa: E402
+from utils.training.evolve import META, evolve  # noqa: E402
 from utils.options import (OptionRules, add_shared_flags, check_options, merge_resumed_options,  # noqa: E402
                            typed_flags)
 from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
-from utils.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
-from utils.results_log import ResultsLog  # noqa: E402
-from utils.run_state import (CheckpointSaver, plain_opt, restore_training_state, sigkill_after_batch,  # noqa: E402
-                             training_state)
+from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
+from utils.training.results_log import ResultsLog  # noqa: E402
+from utils.training.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
+                                      sigkill_after_batch, training_state)
 from utils.size_metrics import band_row  # noqa: E402
-from utils.schedule import apply_warmup, lr_lambda  # noqa: E402
-from utils.op_audit import audit_model, detection_loss  # noqa: E402
+from utils.training.schedule import apply_warmup, lr_lambda  # noqa: E402
+from utils.determinism.op_audit import audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
                                configure_determinism, cuda_rng_state, de_parallel, intersect_dicts,
                                optimizer_step, prepare_cuda_environment, select_device, set_rng_state,

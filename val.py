@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 from models.backends import load_backend  # noqa: E402
 from models.experimental import tta_forward  # noqa: E402
-from utils.data_config import check_dataset  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import atomic_write_bytes, increment_path  # noqa: E402

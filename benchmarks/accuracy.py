@@ -66,7 +66,7 @@ def read_curve(results_csv: Path) -> dict:
 def size_band_ap(weights: Path, data_yaml: Path, imgsz: int, out: Path) -> dict:
     """``{band key: {"instances", "map50", "map", "ar"}}`` of a checkpoint on the val split (val.py's bands)."""
     import val
-    from utils.data_config import check_dataset
+    from utils.dataset.data_config import check_dataset
 
     *_, bands = val.run(check_dataset(data_yaml), weights=str(weights), batch_size=16, imgsz=imgsz,
                         device="cpu", workers=0, project=str(out / "val"), name=weights.parent.parent.name,

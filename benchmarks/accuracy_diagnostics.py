@@ -28,7 +28,7 @@ from models.ffca import FFM_Concat2, FFM_Concat3  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.loss import scale_loss_gains  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
-from utils.data_config import check_dataset  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402

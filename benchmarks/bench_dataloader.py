@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from utils.data_config import check_dataset  # noqa: E402 (needs the repo root on sys.path)
+from utils.dataset.data_config import check_dataset  # noqa: E402 (needs the repo root on sys.path)
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 

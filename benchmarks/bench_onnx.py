@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
 import export  # noqa: E402
 from models.backends import load_backend  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.checkpoints import save_checkpoint  # noqa: E402
+from utils.training.checkpoints import save_checkpoint  # noqa: E402
 
 MODELS = ("models/yolov5n.yaml", "models/ffca-yolo-n.yaml", "models/ffca-yolo.yaml")
 

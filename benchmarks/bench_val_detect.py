@@ -29,8 +29,8 @@ import detect  # noqa: E402 (needs the repo root on sys.path)
 import val  # noqa: E402
 from models.experimental import attempt_load  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.checkpoints import save_checkpoint  # noqa: E402
-from utils.data_config import check_dataset  # noqa: E402
+from utils.training.checkpoints import save_checkpoint  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 

@@ -50,7 +50,7 @@ from models.yolo import Model  # noqa: E402
 from proof_ops import CASES, TORCH_ALERT, battery_case, control_off, control_strict, run_audit  # noqa: E402
 from proof_report import Proof, info, skip, verdict  # noqa: E402
 from proof_runs import RunSettings, finished, kill_and_resume, run_named  # noqa: E402
-from utils.env import environment_report  # noqa: E402
+from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 
 import train  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.data_config import check_dataset  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import DistInfo  # noqa: E402
 from utils.files import yaml_load  # noqa: E402

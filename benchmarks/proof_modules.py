@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from models.ffca import SCAM
 from models.yolo import register_module
-from tests.nondeterministic_module import _PutGradient
+from tests.support.nondeterministic_module import _PutGradient
 from utils.files import yaml_load, yaml_save
 
 

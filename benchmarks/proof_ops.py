@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from proof_report import Verdict, info, skip, verdict
-from utils.op_audit import audit_model
+from utils.determinism.op_audit import audit_model
 from utils.torch_utils import temporary_determinism
 
 TORCH_ALERT = "does not have a deterministic implementation"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from utils.run_state import SIGKILL_AFTER_BATCH_ENV
+from utils.training.run_state import SIGKILL_AFTER_BATCH_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"

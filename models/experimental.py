@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.yolo import Model
-from utils.checkpoints import inference_weights, load_checkpoint
+from utils.training.checkpoints import inference_weights, load_checkpoint
 from utils.errors import UserError
 
 TTA_SCALES = (1.0, 0.83, 0.67)

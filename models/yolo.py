@@ -27,9 +27,11 @@ from torch import nn  # noqa: E402
 
 from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, DWConv, Focus  # noqa: E402
 from models.ffca import FEM, SCAM, C3_Faster, FFM_Concat2, FFM_Concat3  # noqa: E402
+from utils.autoanchor import check_anchor_order_stride_units  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.logging import LOGGER  # noqa: E402
+from utils.ops import make_divisible  # noqa: E402
 from utils.torch_utils import model_info  # noqa: E402
 
 STRIDE_PROBE_SIZE = 128  # square input for the forward pass that measures strides
@@ -108,24 +110,6 @@ class Detect(nn.Module):
             b[:, 5:5 + self.nc] += math.log(0.6 / (self.nc - 0.99999))
 
 
-@torch.no_grad()
-def check_anchor_order(detect: Detect) -> bool:
-    """Reverse the level order of ``detect.anchors`` if their pixel areas run against the strides.
-
-    The buffer is in stride units; the pixel anchors (``anchors * stride``) move between levels, as
-    in YOLOv5's check_anchor_order. Returns True when the anchors were reordered.
-    """
-    stride = detect.stride.view(-1, 1, 1)
-    pixels = detect.anchors * stride
-    area = pixels.prod(-1).mean(-1)
-    area_change = area[-1] - area[0]
-    stride_change = detect.stride[-1] - detect.stride[0]
-    if area_change and area_change.sign() != stride_change.sign():
-        detect.anchors[:] = pixels.flip(0) / stride
-        return True
-    return False
-
-
 # ----------------------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class ModuleSpec:
@@ -199,11 +183,6 @@ def resolve_module(name) -> ModuleSpec | None:
 
 
 # ----------------------------------------------------------------------------- parser
-def make_divisible(x: float, divisor: int = 8) -> int:
-    """Smallest multiple of ``divisor`` that is >= ``x``."""
-    return int(math.ceil(x / divisor) * divisor)
-
-
 _LITERALS = {"None": None, "True": True, "False": False}
 
 
@@ -420,7 +399,7 @@ class DetectionModel(nn.Module):
         detect.stride.copy_(torch.tensor([STRIDE_PROBE_SIZE / x.shape[-2] for x in features]))
         if not detect.placeholder:
             detect.anchors /= detect.stride.view(-1, 1, 1)
-            check_anchor_order(detect)
+            check_anchor_order_stride_units(detect)
         detect.initialize_biases()
 
     @property

@@ -11,7 +11,7 @@ from torch import nn
 from utils.autoanchor import (
     anchor_ratio_metric,
     anchor_stats,
-    check_anchor_order,
+    check_anchor_order_stride_units,
     check_anchors,
     kmean_anchors,
     kmeans,
@@ -164,7 +164,9 @@ def test_poor_anchors_are_improved():
 
 def test_anchor_order_follows_descending_strides():
     detect = FakeDetect([[1, 1], [1, 1]], strides=[32, 8])
-    detect.anchors[:] = torch.tensor([[[10.0, 10.0]], [[100.0, 100.0]]])  # pixels, as check_anchors holds them
-    assert check_anchor_order(detect) is True
-    assert detect.anchors[0, 0, 0] == 100 and detect.anchors[1, 0, 0] == 10
-    assert check_anchor_order(detect) is False  # already consistent: untouched
+    stride = detect.stride.view(-1, 1, 1)
+    detect.anchors[:] = torch.tensor([[[10.0, 10.0]], [[100.0, 100.0]]]) / stride  # stride units, as Detect holds them
+    assert check_anchor_order_stride_units(detect) is True
+    pixels = detect.anchors * stride
+    assert pixels[0, 0, 0] == 100 and pixels[1, 0, 0] == 10
+    assert check_anchor_order_stride_units(detect) is False  # already consistent: untouched

@@ -1,12 +1,12 @@
-"""utils.compare names the cause of two runs' difference; data_fingerprint sees label edits."""
+"""utils.determinism.compare names the cause of two runs' difference; data_fingerprint sees label edits."""
 
 import json
 
 import pytest
 
-from utils.compare import compare_runs, main
+from utils.determinism.compare import compare_runs, main
 from utils.files import yaml_save
-from utils.reproducibility import data_fingerprint
+from utils.determinism.reproducibility import data_fingerprint
 
 ROWS = "epoch,train/box_loss,metrics/mAP_0.5\n0,0.1,0.2\n1,0.09,0.3\n"
 

@@ -13,7 +13,7 @@ import yaml
 from utils.converters import dota, vedai, visdrone
 from utils.converters import writer as writer_module
 from utils.converters.cli import run as convert_main
-from utils.data_config import check_dataset
+from utils.dataset.data_config import check_dataset
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

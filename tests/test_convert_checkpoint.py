@@ -17,7 +17,7 @@ import train
 from models.experimental import attempt_load
 from models.ffca import FFM_Concat2, FFM_Concat3
 from models.yolo import Model
-from utils.checkpoints import load_checkpoint
+from utils.training.checkpoints import load_checkpoint
 from convert_checkpoint import main
 from utils.convert_checkpoint import Placeholder, convert, match_weights, read_foreign_checkpoint
 from utils.errors import UserError

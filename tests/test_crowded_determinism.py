@@ -14,7 +14,7 @@ import torch
 
 import train
 from models.yolo import Model
-from tests.run_outputs import weights_checksum
+from tests.support.run_outputs import weights_checksum
 from utils.files import yaml_load
 from utils.loss import ComputeLoss
 from utils.torch_utils import temporary_determinism

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from utils import data_config
-from utils.data_config import check_dataset
+from utils.dataset import data_config
+from utils.dataset.data_config import check_dataset
 from utils.errors import UserError
 from utils.files import yaml_load
 

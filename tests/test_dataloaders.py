@@ -10,13 +10,13 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from utils import image_cache, label_cache
+from utils.dataset import image_cache, label_cache
 from utils.augmentations import letterbox
 from utils.dataloaders import LoadImagesAndLabels, create_dataloader
 from utils.errors import UserError
-from utils.image_io import apply_orientation, img2label_paths, read_image
-from utils.sampling import DeterministicBatchSampler
-from utils.sources import LoadImages
+from utils.dataset.image_io import apply_orientation, img2label_paths, read_image
+from utils.dataset.sampling import DeterministicBatchSampler
+from utils.dataset.sources import LoadImages
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
@@ -261,7 +261,7 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
 def test_cache_hash_formula_is_unchanged(tmp_path, monkeypatch):
     """determinism.json records cache_hash: the same files must keep giving the same hash across versions.
 
-    The expected values were computed by the label-cache code before it moved to utils/label_cache.py.
+    The expected values were computed by the label-cache code before it moved to utils/dataset/label_cache.py.
     """
     monkeypatch.chdir(tmp_path)
     files = ["images/train/a.jpg", "images/train/b.jpg", "labels/train/a.txt", "labels/train/b.txt"]

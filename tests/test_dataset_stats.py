@@ -1,4 +1,4 @@
-"""Data set report (python -m utils.dataset_stats): sizes at imgsz, bands, classes, advice, plot, bad input."""
+"""Data set report (python -m utils.dataset.dataset_stats): sizes at imgsz, bands, classes, advice, plot, bad input."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.dataset_stats import band_counts, dataset_report, format_report
+from utils.dataset.dataset_stats import band_counts, dataset_report, format_report
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_advice_changes_with_the_image_size(tmp_path):
 def test_cli_prints_report_and_writes_plot(tmp_path):
     yaml_file = write_yolo_set(tmp_path)
     png = tmp_path / "plots" / "sizes.png"
-    run = subprocess.run([sys.executable, "-m", "utils.dataset_stats", "--data", yaml_file, "--imgsz", "100",
+    run = subprocess.run([sys.executable, "-m", "utils.dataset.dataset_stats", "--data", yaml_file, "--imgsz", "100",
                           "--plot", png], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "Sizes train: very tiny <8: 1 (25%)" in run.stdout and "Advice (from the train split):" in run.stdout
@@ -68,6 +68,6 @@ def test_cli_prints_report_and_writes_plot(tmp_path):
 def test_bad_input_is_one_error_line(tmp_path):
     with pytest.raises(UserError, match="--imgsz"):
         dataset_report(write_yolo_set(tmp_path), imgsz=0)
-    run = subprocess.run([sys.executable, "-m", "utils.dataset_stats", "--data", tmp_path / "missing.yaml"],
+    run = subprocess.run([sys.executable, "-m", "utils.dataset.dataset_stats", "--data", tmp_path / "missing.yaml"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and run.stderr.startswith("ERROR: ") and run.stderr.strip().count("\n") == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_outputs import results_rows as rows, weights_checksum as checksum
+from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--device", "cpu", "--workers", "0",

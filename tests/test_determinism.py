@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from audit import main
-from tests.nondeterministic_module import PutGradient as PutBlock
-from tests.nondeterministic_module import _PutGradient, write_model_yaml, write_put_model_yaml
+from tests.support.nondeterministic_module import PutGradient as PutBlock
+from tests.support.nondeterministic_module import _PutGradient, write_model_yaml, write_put_model_yaml
 from utils.autobatch import PROFILE_BATCH_SIZES, profile_memory
 from utils.errors import UserError
 from utils.files import yaml_load
-from utils.op_audit import (DOCUMENTED_OPS, EXEMPT_DOC_NAMES, NONDETERMINISTIC_OPS, PARALLEL_GRAIN, UNDOCUMENTED_OPS,
+from utils.determinism.op_audit import (DOCUMENTED_OPS, EXEMPT_DOC_NAMES, NONDETERMINISTIC_OPS, PARALLEL_GRAIN, UNDOCUMENTED_OPS,
                             AuditReport, Finding, audit_model, crowded_targets, detection_loss, match_nondeterministic)
 from utils.torch_utils import MODES, configure_determinism, temporary_determinism
 
@@ -351,7 +351,7 @@ def put_op():
 
 
 def test_optimizer_and_ema_ops_are_attributed_and_cannot_be_relaxed(monkeypatch):
-    import utils.op_audit as op_audit
+    import utils.determinism.op_audit as op_audit
 
     real_update = op_audit.ModelEMA.update
     monkeypatch.setattr(op_audit.ModelEMA, "update", lambda self, model: (put_op(), real_update(self, model)))
@@ -509,7 +509,7 @@ def test_warn_reports_a_forward_finding_and_goes_on():
 
 
 def test_guarantee_names_the_relaxed_or_warned_ops_with_counts():
-    from utils.reproducibility import run_guarantee
+    from utils.determinism.reproducibility import run_guarantee
 
     second_put = Finding("put_", "backward", "model.7 (PutGradient)", ("cpu", "cuda"), "torch.Tensor.put_")
     findings = [PUT_FINDING, second_put, UNPOOL_FINDING]
@@ -686,11 +686,11 @@ def test_command_rejects_imgsz_not_multiple_of_stride(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [["audit.py"], ["-m", "utils.torch_utils", "--audit"]])
-def test_audit_command_and_its_old_alias_as_programs(command, tiny_cfg):
+def test_audit_command_as_a_program(tiny_cfg):
     import subprocess
     import sys
 
+    command = ["audit.py"]
     result = subprocess.run([sys.executable, *command, "--cfg", str(tiny_cfg), "--imgsz", "32"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

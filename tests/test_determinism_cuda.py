@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.nondeterministic_module import MaxPoolAttention
+from tests.support.nondeterministic_module import MaxPoolAttention
 from utils.errors import UserError
-from utils.op_audit import audit_model
+from utils.determinism.op_audit import audit_model
 from utils.torch_utils import configure_determinism, get_rng_state, set_rng_state
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

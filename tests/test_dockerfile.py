@@ -67,8 +67,8 @@ def test_runs_as_non_root_in_app_with_environment_report():
     assert final_user not in ("root", "0")
     assert [kw for kw, _ in instructions()].index("USER") > [kw for kw, _ in instructions()].index("COPY")
     assert values("WORKDIR")[-1] == "/app"
-    assert values("CMD")[-1] == '["python", "-m", "utils.env"]'
-    assert (ROOT / "utils" / "env.py").is_file(), "CMD runs utils.env, which must exist"
+    assert values("CMD")[-1] == '["python", "-m", "utils.determinism.env"]'
+    assert (ROOT / "utils" / "determinism" / "env.py").is_file(), "CMD runs utils.determinism.env, which must exist"
 
 
 def test_installs_are_lean():

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from utils.errors import UserError
-from utils.evolve import (
+from utils.training.evolve import (
     META,
     RESULT_KEYS,
     append_evolve_row,

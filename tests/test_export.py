@@ -18,7 +18,7 @@ from models.backends import (OPENVINO_METADATA, OnnxBackend, OpenVinoBackend, Py
                              load_backend)
 from models.experimental import attempt_load
 from models.yolo import Model
-from utils.checkpoints import save_checkpoint
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 
 NAMES = ["circle", "square", "triangle", "cross"]

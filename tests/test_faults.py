@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from tests.conftest import write_shapes_dataset
-from utils import checkpoints, run_state
-from utils.checkpoints import state_dict_sha256
+from utils.training import checkpoints, run_state
+from utils.training.checkpoints import state_dict_sha256
 from utils.errors import UserError
 from utils.files import atomic_write_bytes, ensure_writable_dir, remove_orphaned_temp_files, replace_folder
-from utils.run_state import CheckpointNotSaved, CheckpointSaver
+from utils.training.run_state import CheckpointNotSaved, CheckpointSaver
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "models" / "tiny.yaml"
@@ -114,7 +114,7 @@ def small_data():
 
 
 def train_cmd(data, project: Path, fault: str = "none", *extra) -> list:
-    return [sys.executable, str(ROOT / "tests" / "fault_launcher.py"), fault, "--cfg", str(TINY), "--data", str(data),
+    return [sys.executable, str(ROOT / "tests" / "support" / "fault_launcher.py"), fault, "--cfg", str(TINY), "--data", str(data),
             "--imgsz", "64", "--batch-size", "2", "--epochs", "2", "--workers", "0", "--device", "cpu",
             "--noplots", "--noautoanchor", "--save-interval", "0", "--project", str(project), "--name", "exp", *extra]
 
@@ -251,7 +251,7 @@ def test_a_write_that_fails_halfway_leaves_the_previous_file_and_no_temp(tmp_pat
     saver = saver_in(tmp_path)
     saver.save_last(fake_state((0, 1)))
     before = (tmp_path / "last.pt").read_bytes()
-    from tests import fault_launcher
+    from tests.support import fault_launcher
 
     monkeypatch.setattr(checkpoints, "atomic_open", checkpoints.atomic_open)  # restored after the test
     fault_launcher.install("enospc:0")
@@ -305,7 +305,7 @@ LONG_OP = """
 import sys, torch
 sys.path.insert(0, {root!r})
 from utils.files import atomic_open
-from utils.interrupts import GracefulInterrupt
+from utils.training.interrupts import GracefulInterrupt
 torch.set_num_threads(1)
 a = torch.randn(1800, 1800, dtype=torch.float64)
 with GracefulInterrupt(describe_saved=lambda: "On disk: the old target.") as g:
@@ -336,7 +336,7 @@ def test_second_signal_within_one_long_op_abandons_the_write_and_exits_at_once(t
 FORKED_WORKER = """
 import os, signal, sys, time
 sys.path.insert(0, {root!r})
-from utils.interrupts import GracefulInterrupt
+from utils.training.interrupts import GracefulInterrupt
 with GracefulInterrupt() as g:
     pid = os.fork()  # as a data-loader worker is started
     if pid == 0:

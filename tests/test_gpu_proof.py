@@ -261,7 +261,7 @@ def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_p
 
 def test_the_kill_switch_rejects_a_bad_value(monkeypatch):
     from utils.errors import UserError
-    from utils.run_state import SIGKILL_AFTER_BATCH_ENV, sigkill_after_batch
+    from utils.training.run_state import SIGKILL_AFTER_BATCH_ENV, sigkill_after_batch
 
     monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "0")
     with pytest.raises(UserError, match=f"{SIGKILL_AFTER_BATCH_ENV}='0'"):

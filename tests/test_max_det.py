@@ -8,8 +8,8 @@ import torch
 
 import val
 from models.yolo import Model
-from utils.checkpoints import save_checkpoint
-from utils.data_config import check_dataset
+from utils.training.checkpoints import save_checkpoint
+from utils.dataset.data_config import check_dataset
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.metrics import box_iou

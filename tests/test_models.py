@@ -17,9 +17,10 @@ from torch import nn
 from models.common import C3, Conv, fuse_conv_and_bn
 from models.ffca import (FEM, SCAM, C3_Faster, DropPath, FasterBlock, FFM_Concat2, FFM_Concat3, _shareable,
                          global_avg_pool, global_max_pool, shared_input_convs)
-from models.yolo import (Detect, DetectionModel, Model, check_anchor_order, parse_model, register_module,
+from models.yolo import (Detect, DetectionModel, Model, parse_model, register_module,
                          layer_table, resolve_arg)
 from models.yolo import main as yolo_main
+from utils.autoanchor import check_anchor_order_stride_units
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.logging import LOGGER
@@ -154,17 +155,17 @@ def test_placeholder_anchors_grow_with_stride_and_keep_yaml_count():
     pixel_area = (detect.anchors * detect.stride.view(-1, 1, 1)).prod(-1).mean(-1)
     assert torch.all(pixel_area[1:] > pixel_area[:-1])
     assert torch.all(detect.anchors > 0)
-    assert not check_anchor_order(detect)
+    assert not check_anchor_order_stride_units(detect)
 
 
-def test_check_anchor_order_moves_reversed_pixel_anchors_back():
+def test_check_anchor_order_stride_units_moves_reversed_pixel_anchors_back():
     detect = deepcopy(built("yolov5n").model[-1])
     stride = detect.stride.view(-1, 1, 1)
     original = detect.anchors.clone()
     detect.anchors[:] = (original * stride).flip(0) / stride
-    assert check_anchor_order(detect)
+    assert check_anchor_order_stride_units(detect)
     torch.testing.assert_close(detect.anchors, original)
-    assert not check_anchor_order(detect)
+    assert not check_anchor_order_stride_units(detect)
 
 
 def test_yaml_anchors_listed_large_to_small_are_reordered():

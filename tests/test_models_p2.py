@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models.yolo import Model
-from utils.op_audit import audit_model
+from utils.determinism.op_audit import audit_model
 
 ROOT = Path(__file__).resolve().parents[1]
 P2 = ["yolov5n-p2", "yolov5s-p2"]

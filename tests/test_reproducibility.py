@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from tests.run_outputs import results_rows as results, weights_checksum as checksum
+from tests.support.run_outputs import results_rows as results, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)
@@ -78,7 +78,7 @@ def test_strict_mode_gives_the_same_weights_as_off_on_cpu(reference, shapes_data
 def test_save_interval_writes_checkpoints_but_never_changes_results(reference, shapes_data, tiny_cfg, tmp_path,
                                                                     monkeypatch):
     """A clock that jumps an hour per reading makes --save-interval 1 write last.pt after every batch."""
-    from utils import run_state
+    from utils.training import run_state
 
     readings = itertools.count(0.0, 3600.0)
     monkeypatch.setattr(run_state, "time", SimpleNamespace(monotonic=lambda: next(readings)))

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from utils.data_config import check_dataset
+from utils.dataset.data_config import check_dataset
 from utils.dataloaders import LoadImagesAndLabels
 from utils.errors import UserError
 

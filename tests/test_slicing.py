@@ -162,7 +162,7 @@ def test_slice_flags_and_bad_values():
 def tiny_weights(tmp_path_factory, tiny_cfg):
     """A tiny untrained 4-class checkpoint whose objectness is raised so that it always detects something."""
     from models.yolo import Model
-    from utils.checkpoints import save_checkpoint
+    from utils.training.checkpoints import save_checkpoint
 
     torch.manual_seed(0)
     model = Model(tiny_cfg, nc=4)
@@ -190,7 +190,7 @@ def label_rows(folder) -> dict:
 @pytest.mark.slow
 def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data, tmp_path):
     import val
-    from utils.data_config import check_dataset
+    from utils.dataset.data_config import check_dataset
     from utils.dataloaders import create_dataloader
 
     # square 256 px batches without rect padding: the unsliced pass sees exactly the pixels of the one tile

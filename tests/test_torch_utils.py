@@ -340,7 +340,7 @@ def test_malformed_rng_state_is_user_error():
 
 
 def test_environment_report_is_plain_and_complete(capsys):
-    from utils.env import environment_report, main
+    from utils.determinism.env import environment_report, main
 
     report = environment_report()
     assert report["torch"] == torch.__version__ and report["numpy"] == np.__version__

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import train
-from tests.run_outputs import results_rows
-from utils.checkpoints import load_checkpoint
+from tests.support.run_outputs import results_rows
+from utils.training.checkpoints import load_checkpoint
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_early_stopping_ends_before_last_epoch(shapes_data, tiny_cfg, tmp_path, 
 
 @pytest.mark.slow
 def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(shapes_data, tmp_path):
-    from tests.nondeterministic_module import write_put_model_yaml
+    from tests.support.nondeterministic_module import write_put_model_yaml
 
     cfg = write_put_model_yaml(tmp_path)
     with pytest.raises(UserError) as err:
@@ -215,7 +215,7 @@ def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run
 
 
 def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, log_lines):
-    from utils import run_state
+    from utils.training import run_state
 
     saver = run_state.CheckpointSaver(tmp_path / "last.pt", tmp_path / "best.pt", tmp_path)
     state = {"model_cfg": {}, "model": {"w": torch.ones(2)}, "next_position": [1, 0]}

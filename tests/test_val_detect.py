@@ -18,7 +18,7 @@ import detect
 import val
 from models.experimental import Ensemble, attempt_load, tta_forward
 from models.yolo import Model
-from utils.checkpoints import save_checkpoint
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 
 NAMES = ["circle", "square", "triangle", "cross"]
@@ -203,7 +203,7 @@ def test_val_metrics_are_the_same_on_an_idle_and_a_loaded_machine(trained, shape
 
 
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
-    from utils.data_config import check_dataset
+    from utils.dataset.data_config import check_dataset
     from utils.dataloaders import create_dataloader
     from utils.loss import ComputeLoss
 

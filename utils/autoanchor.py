@@ -64,13 +64,20 @@ def dataset_box_sizes(dataset, imgsz: int, scale: np.ndarray | None = None) -> n
     return np.concatenate(sizes, 0) if sizes else np.zeros((0, 2))
 
 
-def check_anchor_order(detect) -> bool:
-    """Flip ``detect.anchors`` across levels if their areas run against the strides; True if flipped."""
-    area = detect.anchors.prod(-1).mean(-1).view(-1)
+@torch.no_grad()
+def check_anchor_order_stride_units(detect) -> bool:
+    """Reverse the level order of ``detect.anchors`` (stride units) if their pixel areas run against the strides.
+
+    The pixel anchors (``anchors * stride``) move between levels, as in YOLOv5's check_anchor_order,
+    so each level keeps its own stride. Returns True when the anchors were reordered.
+    """
+    stride = detect.stride.view(-1, 1, 1)
+    pixels = detect.anchors * stride
+    area = pixels.prod(-1).mean(-1)
     area_change = area[-1] - area[0]
     stride_change = detect.stride[-1] - detect.stride[0]
     if area_change and area_change.sign() != stride_change.sign():
-        detect.anchors[:] = detect.anchors.flip(0)
+        detect.anchors[:] = pixels.flip(0) / stride
         return True
     return False
 
@@ -128,8 +135,8 @@ def _install_anchors(detect, anchors_px: np.ndarray, stride: torch.Tensor) -> No
     buffer = detect.anchors
     with torch.no_grad():
         buffer[:] = torch.as_tensor(anchors_px, device=buffer.device, dtype=buffer.dtype).view_as(buffer)
-        check_anchor_order(detect)
-        buffer /= stride.to(buffer.dtype)
+        buffer /= stride.to(buffer.dtype).view(-1, 1, 1)
+    check_anchor_order_stride_units(detect)
 
 
 def _record_anchors_in_yaml(model, detect) -> None:

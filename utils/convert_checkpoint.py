@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from utils.checkpoints import save_checkpoint
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 from utils.logging import LOGGER
 
@@ -277,11 +277,3 @@ def convert(src, dst, model_class) -> dict:
     LOGGER.info(f"Converted {src} ({qualname}, {len(tensors)} tensors, {len(names)} classes) -> {dst}")
     return ckpt
 
-
-if __name__ == "__main__":
-    # The command line builds this project's model, so it lives in the entry script convert_checkpoint.py;
-    # running it as a program (not an import) keeps ``python -m utils.convert_checkpoint`` working
-    # without an upward import from utils/.
-    import runpy
-
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "convert_checkpoint.py"), run_name="__main__")

@@ -1,9 +1,9 @@
 """The training/validation data set, its collate functions and ``create_dataloader``.
 
-Determinism: the batch sampler (utils/sampling.py) yields keys ``(index, epoch, draw)``; every random
+Determinism: the batch sampler (utils/dataset/sampling.py) yields keys ``(index, epoch, draw)``; every random
 decision for a sample comes from a generator seeded by ``(seed, epoch, index, draw)``, so batches do
 not depend on the number of workers and a resumed epoch sees exactly the batches it saw before.
-Scanning and the label cache live in utils/label_cache.py, image caching in utils/image_cache.py.
+Scanning and the label cache live in utils/dataset/label_cache.py, image caching in utils/dataset/image_cache.py.
 """
 
 import os
@@ -19,12 +19,12 @@ from utils.augmentations import apply_hsv, hsv_lut, letterbox, mixup, mosaic, ra
 from utils.ddp import DistInfo, dist_info_from_env, rank_zero_first
 from utils.errors import UserError
 from utils.files import yaml_load
-from utils.image_cache import ImageCache, cache_mode
-from utils.image_io import bgr_to_chw_rgb, img2label_paths
-from utils.label_cache import load_labels
+from utils.dataset.image_cache import ImageCache, cache_mode
+from utils.dataset.image_io import bgr_to_chw_rgb, img2label_paths
+from utils.dataset.label_cache import load_labels
 from utils.logging import LOGGER
 from utils.ops import xywhn2xyxy, xyxy2xywhn
-from utils.sampling import DeterministicBatchSampler, DeterministicDataLoader
+from utils.dataset.sampling import DeterministicBatchSampler, DeterministicDataLoader
 
 PIN_MEMORY = os.getenv("PIN_MEMORY", "true").lower() == "true"
 DEFAULT_HYP = Path(__file__).resolve().parents[1] / "data" / "hyps" / "hyp.scratch-low.yaml"
@@ -76,7 +76,7 @@ class LoadImagesAndLabels(Dataset):
     # ---- labels and images
 
     def _use_labels(self, found, single_cls):
-        """Take the usable images and labels of a :class:`utils.label_cache.LabelSet`."""
+        """Take the usable images and labels of a :class:`utils.dataset.label_cache.LabelSet`."""
         self.cache_hash = found.cache_hash
         self.im_files = found.im_files
         self.label_files = img2label_paths(self.im_files)

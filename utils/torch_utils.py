@@ -4,7 +4,7 @@ The policy's public face lives here: four modes (``off``, ``warn``, ``scoped``, 
 :func:`configure_determinism`), :func:`temporary_determinism`, and :class:`DeterminismPolicy`,
 whose backward scope can relax ``torch.use_deterministic_algorithms`` for the backward pass only
 and which adopts the op audit's report. The audit itself (op table, tracer, report) is
-``utils/op_audit.py``; its command is ``python audit.py --cfg MODEL.yaml``.
+``utils/determinism/op_audit.py``; its command is ``python audit.py --cfg MODEL.yaml``.
 """
 
 import contextlib
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from utils.determinism_messages import adoption_summary, scoped_failure_message, strict_failure_message
+from utils.ddp import dist_info_from_env
+from utils.determinism.messages import adoption_summary, scoped_failure_message, strict_failure_message
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
 
-LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))  # set by torch.distributed.run; -1 outside DDP
 
 
 # ----------------------------------------------------------------------------- devices
@@ -121,9 +121,10 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     if len(ids) > 1 and batch_size > 0 and batch_size % len(ids):
         raise UserError(f"--batch-size {batch_size} is not a multiple of the {len(ids)} GPUs in "
                         f"--device {device}; use a multiple of {len(ids)}")
-    slot = max(LOCAL_RANK, 0)
+    local_rank = dist_info_from_env().local_rank
+    slot = max(local_rank, 0)
     if slot >= len(ids):
-        raise UserError(f"--device {device!r}: LOCAL_RANK {LOCAL_RANK} needs at least {slot + 1} GPUs "
+        raise UserError(f"--device {device!r}: LOCAL_RANK {local_rank} needs at least {slot + 1} GPUs "
                         "in --device; list one GPU per process")
     LOGGER.info(header + ", ".join(_describe_cuda(i) for i in ids))
     return torch.device("cuda", ids[slot])
@@ -534,7 +535,7 @@ class DeterminismPolicy:
         UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
         only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed, so
         they stop the run here with a UserError as strict does, not at the first batch.
-        ``report`` is a ``utils.op_audit.AuditReport``.
+        ``report`` is a ``utils.determinism.op_audit.AuditReport``.
         """
         failing = report.applicable()
         backward = [f for f in failing if f.phase == "backward"]
@@ -591,9 +592,3 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
 
 
-if __name__ == "__main__":
-    # The audit command moved to audit.py; this alias keeps ``python -m utils.torch_utils --audit``
-    # working. It runs the script as a program (not an import), so utils/ gains no upward import.
-    import runpy
-
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "audit.py"), run_name="__main__")

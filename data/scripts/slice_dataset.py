@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from utils.data_config import check_dataset  # noqa: E402
-from utils.image_io import collect_image_files, img2label_paths, read_image  # noqa: E402
-from utils.label_cache import verify_image_label  # noqa: E402
+from utils.dataset.data_config import check_dataset  # noqa: E402
+from utils.dataset.image_io import collect_image_files, img2label_paths, read_image  # noqa: E402
+from utils.dataset.label_cache import verify_image_label  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import atomic_open, atomic_write_bytes, yaml_save  # noqa: E402
 from utils.logging import LOGGER  # noqa: E402

@@ -6,7 +6,7 @@ A label row is ``x1 y1 x2 y2 x3 y3 x4 y4 category difficult``; ``imagesource:`` 
 lines are skipped. Each oriented quadrilateral becomes the smallest axis-aligned box around its four
 corners, clipped to the image. Objects marked difficult are kept unless ``--drop-difficult`` (DOTA's
 own evaluation ignores them). DOTA images are large (up to about 4000 px): see
-``python -m utils.dataset_stats`` for whether to slice them.
+``python -m utils.dataset.dataset_stats`` for whether to slice them.
 """
 
 from pathlib import Path

@@ -167,7 +167,7 @@ def _already_stopping(signum, frame) -> None:
 def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None, show: bool = True) -> None:
     """Say what the interrupted run left on disk (and how to resume, if it can), then exit.
 
-    ``saved`` is one line from :meth:`utils.run_state.CheckpointSaver.describe`; ``resume_command``
+    ``saved`` is one line from :meth:`utils.training.run_state.CheckpointSaver.describe`; ``resume_command``
     is None when nothing resumable was saved.
     """
     if show:

@@ -1,6 +1,6 @@
 """Environment report: library versions, devices, threads and determinism state.
 
-``python -m utils.env`` prints it; training runs save the same dict in their run folder, so a
+``python -m utils.determinism.env`` prints it; training runs save the same dict in their run folder, so a
 difference between two runs can be traced to a difference between two machines.
 """
 

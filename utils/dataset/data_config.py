@@ -15,7 +15,7 @@ from utils.errors import UserError
 from utils.files import yaml_load
 from utils.logging import LOGGER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ("train", "val", "test")
 # generators this project ships, by the name a YAML's ``generate:`` key uses
 GENERATORS = {"shapes": ROOT / "data" / "scripts" / "make_shapes.py"}

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from utils.errors import UserError
 from utils.files import atomic_write_bytes
-from utils.image_io import IMG_FORMATS, NUM_THREADS, collect_image_files, img2label_paths
+from utils.dataset.image_io import IMG_FORMATS, NUM_THREADS, collect_image_files, img2label_paths
 from utils.logging import LOGGER
 
 LABEL_TOLERANCE = 0.01  # coordinates in (1, 1 + tolerance] are clipped to 1; beyond that the file is skipped

@@ -1,4 +1,4 @@
-"""Where two training runs diverged: ``python -m utils.compare RUN_A RUN_B``.
+"""Where two training runs diverged: ``python -m utils.determinism.compare RUN_A RUN_B``.
 
 Prints, in order of cause: differing options and hyperparameters, differing environment fields
 (versions, devices, threads, world size, determinism mode and audit), whether the training data

@@ -1,6 +1,6 @@
 """Run train.py's command line with a fault injected into checkpoint writes (for tests/test_faults.py).
 
-    python tests/fault_launcher.py SPEC train.py-arguments...
+    python tests/support/fault_launcher.py SPEC train.py-arguments...
 
 SPEC is one of
     none            no fault
@@ -16,11 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
-from utils import checkpoints  # noqa: E402
+from utils.training import checkpoints  # noqa: E402
 
 
 class FaultyFile:
@@ -47,7 +47,7 @@ class FaultyFile:
 
 
 def install(spec: str) -> None:
-    """Wrap the atomic writer that utils.checkpoints.save_checkpoint uses."""
+    """Wrap the atomic writer that utils.training.checkpoints.save_checkpoint uses."""
     if spec == "none":
         return
     mode, value = spec.split(":")

@@ -1,6 +1,6 @@
 """Data set report: images, objects per image, object sizes at the training size, classes, and advice.
 
-    python -m utils.dataset_stats --data data/VisDrone.yaml --imgsz 640 [--plot sizes.png]
+    python -m utils.dataset.dataset_stats --data data/VisDrone.yaml --imgsz 640 [--plot sizes.png]
 
 An object's size is ``sqrt(w * h)`` in pixels after the image's long side is resized to ``--imgsz`` (as
 training does), sorted into the AI-TOD bands: very tiny < 8, tiny 8-16, small 16-32, medium >= 32 px. The
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from utils.data_config import SPLITS, check_dataset
+from utils.dataset.data_config import SPLITS, check_dataset
 from utils.errors import UserError, exit_on_user_error
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER
@@ -191,7 +191,7 @@ def plot_report(report: dict, path) -> None:
 
 
 def parse_opt(argv=None) -> argparse.Namespace:
-    """Command-line options of ``python -m utils.dataset_stats``."""
+    """Command-line options of ``python -m utils.dataset.dataset_stats``."""
     parser = argparse.ArgumentParser(description="Report a data set's object sizes, classes and advice.")
     parser.add_argument("--data", required=True, help="data set YAML")
     parser.add_argument("--imgsz", type=int, default=640, help="training image size in pixels")

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from utils.errors import UserError
 from utils.files import atomic_write_bytes
-from utils.image_io import NUM_THREADS, read_image
+from utils.dataset.image_io import NUM_THREADS, read_image
 from utils.logging import LOGGER
 
 

@@ -1,6 +1,6 @@
 """Everything a training run needs to continue bit-exactly: capture, restore, save, strip.
 
-A training state is plain data (see utils/checkpoints.py). It is captured only at batch
+A training state is plain data (see utils/training/checkpoints.py). It is captured only at batch
 boundaries; gradients accumulated towards the next optimizer step are stored too, so a
 checkpoint written mid-accumulation (end of an epoch, an interrupt, a mid-epoch save)
 resumes exactly.
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torchvision
 
-from utils.checkpoints import float_weights, load_checkpoint, save_checkpoint, state_dict_sha256, to_plain
+from utils.training.checkpoints import float_weights, load_checkpoint, save_checkpoint, state_dict_sha256, to_plain
 from utils.errors import UserError
 from utils.files import remove_orphaned_temp_files
 from utils.logging import LOGGER
-from utils.reproducibility import record_checksum
+from utils.determinism.reproducibility import record_checksum
 from utils.torch_utils import de_parallel, get_rng_state
 
 

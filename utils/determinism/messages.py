@@ -1,7 +1,7 @@
 """The determinism policy's messages: what an audit's findings mean for a run, in one line each.
 
 Kept apart from :mod:`utils.torch_utils` (which applies the policy) so that module stays small;
-only plain text is built here, from ``utils.op_audit`` findings and reports.
+only plain text is built here, from ``utils.determinism.op_audit`` findings and reports.
 """
 
 

@@ -8,7 +8,7 @@ import cv2
 
 from utils.augmentations import letterbox
 from utils.errors import UserError
-from utils.image_io import IMG_FORMATS, VID_FORMATS, bgr_to_chw_rgb, file_suffix, read_image
+from utils.dataset.image_io import IMG_FORMATS, VID_FORMATS, bgr_to_chw_rgb, file_suffix, read_image
 from utils.logging import LOGGER
 
 
