@@ -276,8 +276,8 @@ def timing_section(proof: Proof, plan: Plan, device: torch.device, data_yaml: Pa
                 if not base:  # the first mode that measured is the baseline (off unless off failed)
                     base.update(mode=mode, seconds=seconds)
                 return info(f"{seconds * 1000:.1f} ms/batch, {batch / seconds:.1f} img/s, "
-                            f"x{seconds / base['seconds']:.3f} vs {base['mode']}, peak {'allocated' if cuda else 'RSS'} "
-                            f"{peak_gib:.2f} GiB", seconds=seconds, images_per_s=batch / seconds, peak_gib=peak_gib,
+                            f"x{seconds / base['seconds']:.3f} vs {base['mode']}, "
+                            f"peak {'allocated' if cuda else 'RSS'} {peak_gib:.2f} GiB", seconds=seconds, images_per_s=batch / seconds, peak_gib=peak_gib,
                             baseline=base["mode"])
             proof.check("timing", f"{cfg.stem} {imgsz}px batch {batch}: {mode}", measure)
 

@@ -103,7 +103,8 @@ class Proof:
     def write(self, complete: bool) -> None:
         """Write the whole record to ``out`` atomically; a proof cut short by its budget is never complete."""
         record = {**self.meta, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed(), 1),
-                  "complete": complete and not self.budget_skips, "budget_skips": self.budget_skips, "counts": self.counts(), "rows": [asdict(r) for r in self.rows]}
+                  "complete": complete and not self.budget_skips, "budget_skips": self.budget_skips,
+                  "counts": self.counts(), "rows": [asdict(r) for r in self.rows]}
         atomic_write_bytes(self.out, (json.dumps(record, indent=1, default=str) + "\n").encode())
 
     def table(self) -> str:

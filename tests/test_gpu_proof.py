@@ -172,8 +172,11 @@ def test_the_same_workdir_twice_runs_twice(tmp_path, monkeypatch):
 def test_no_quiet_fall_back_to_the_cpu(tmp_path, monkeypatch, capsys, args, message):
     """Finding 5: without CUDA the default device used to run the full plan on the CPU."""
     import gpu_proof
+    from utils import torch_utils
 
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # records the value to restore: select_device exports one
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch_utils, "_exported_mask", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(gpu_proof, "prove", lambda *a: pytest.fail("the proof ran"))
     with pytest.raises(SystemExit) as stop:
