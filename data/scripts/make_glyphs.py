@@ -13,8 +13,6 @@ only the stroke pattern separates an object from clutter. Offline and determinis
 
 import argparse
 import sys
-import time
-from functools import partial
 from pathlib import Path
 
 import cv2
@@ -125,21 +123,12 @@ def make_glyphs(root=DEFAULT_ROOT, n_train=256, n_val=64, seed=0, **image_option
 
     ``image_options``: ``size``, ``sides``, ``objects`` of :func:`make_glyph_image`.
     """
-    root = Path(root).resolve()
-    split = partial(make_shapes.write_split, make=make_glyph_image, stream=(7,), quality=95, **image_options)
-    make_shapes.build_atomically(root, lambda tmp: (split(tmp, "train", n_train, seed, 0),
-                                                    split(tmp, "val", n_val, seed, 1)))
-    yaml_file = root.with_suffix(".yaml")
-    yaml_file.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(NAMES)}]\n")
-    return yaml_file
+    return make_shapes.build_yolo_set(root, NAMES, make_glyph_image, (7,), n_train, n_val, seed, **image_options)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="output folder (must not exist)")
-    parser.add_argument("--n-train", type=int, default=256, help="number of training images")
-    parser.add_argument("--n-val", type=int, default=64, help="number of validation images")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
+    make_shapes.add_split_arguments(parser, DEFAULT_ROOT, 256, 64)
     parser.add_argument("--img-size", type=int, default=IMG_SIZE, help="image side in pixels")
     parser.add_argument("--min-side", type=float, default=MIN_SIDE, help="smallest glyph side in pixels")
     parser.add_argument("--max-side", type=float, default=MAX_SIDE, help="largest glyph side in pixels")
@@ -148,15 +137,9 @@ def main(argv=None) -> int:
         print(f"ERROR: --min-side {args.min_side} / --max-side {args.max_side}: need 4 <= min-side <= max-side "
               f"< img-size / 3 ({args.img_size / 3:.0f})", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    try:
-        yaml_file = make_glyphs(args.root, args.n_train, args.n_val, args.seed, size=args.img_size,
-                                sides=(args.min_side, args.max_side))
-    except FileExistsError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return 2
-    print(f"Wrote {args.n_train} train + {args.n_val} val images and {yaml_file} in {time.perf_counter() - t0:.1f}s")
-    return 0
+    return make_shapes.build_and_report(lambda: make_glyphs(args.root, args.n_train, args.n_val, args.seed,
+                                                            size=args.img_size, sides=(args.min_side, args.max_side)),
+                                        args)
 
 
 if __name__ == "__main__":

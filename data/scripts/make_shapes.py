@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -156,6 +157,38 @@ def build_atomically(root: Path, write) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def build_yolo_set(root: Path, names, make, stream: tuple, n_train: int, n_val: int, seed: int,
+                   **image_options) -> Path:
+    """Write train/val splits of ``make(rng, **image_options)`` images into ``root`` atomically and the
+    data YAML ``<root>.yaml`` beside it; returns the YAML path (the sibling generators' common tail)."""
+    root = Path(root).resolve()
+    split = partial(write_split, make=make, stream=stream, quality=95, **image_options)
+    build_atomically(root, lambda tmp: (split(tmp, "train", n_train, seed, 0), split(tmp, "val", n_val, seed, 1)))
+    yaml_file = root.with_suffix(".yaml")
+    yaml_file.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(names)}]\n")
+    return yaml_file
+
+
+def add_split_arguments(parser, root: Path, n_train: int, n_val: int) -> None:
+    """The flags every generator shares: output folder, split sizes and seed."""
+    parser.add_argument("--root", type=Path, default=root, help="output folder (must not exist)")
+    parser.add_argument("--n-train", type=int, default=n_train, help="number of training images")
+    parser.add_argument("--n-val", type=int, default=n_val, help="number of validation images")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
+
+
+def build_and_report(build, args) -> int:
+    """Run ``build()`` (returns the data YAML), print what was written; an existing folder is one ERROR line, exit 2."""
+    t0 = time.perf_counter()
+    try:
+        yaml_file = build()
+    except FileExistsError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    print(f"Wrote {args.n_train} train + {args.n_val} val images and {yaml_file} in {time.perf_counter() - t0:.1f}s")
+    return 0
 
 
 def make_shapes(root=DEFAULT_ROOT, n_train=400, n_val=100, seed=0, **image_options) -> Path:

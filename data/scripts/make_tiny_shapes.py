@@ -9,8 +9,6 @@ smaller objects (6-24 px) and more of them per image (4-10), so most boxes fall 
 
 import argparse
 import sys
-import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,30 +51,14 @@ def make_tiny_image(rng, size=IMG_SIZE):
 def make_tiny_shapes(root=DEFAULT_ROOT, n_train=128, n_val=64, seed=0, size=IMG_SIZE) -> Path:
     """Generate the data set of ``size``-px images into ``root`` (must not exist or be empty) and write
     ``<root>.yaml``; returns the data YAML path. Built in a temporary sibling folder, then renamed into place."""
-    root = Path(root).resolve()
-    split = partial(make_shapes.write_split, make=make_tiny_image, stream=(6,), quality=95, size=size)  # 6: own streams
-    make_shapes.build_atomically(root, lambda tmp: (split(tmp, "train", n_train, seed, 0),
-                                                    split(tmp, "val", n_val, seed, 1)))
-    yaml_file = root.with_suffix(".yaml")
-    yaml_file.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(NAMES)}]\n")
-    return yaml_file
+    return make_shapes.build_yolo_set(root, NAMES, make_tiny_image, (6,), n_train, n_val, seed, size=size)  # 6: own streams
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="output folder (must not exist)")
-    parser.add_argument("--n-train", type=int, default=128, help="number of training images")
-    parser.add_argument("--n-val", type=int, default=64, help="number of validation images")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
+    make_shapes.add_split_arguments(parser, DEFAULT_ROOT, 128, 64)
     args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    try:
-        yaml_file = make_tiny_shapes(args.root, args.n_train, args.n_val, args.seed)
-    except FileExistsError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return 2
-    print(f"Wrote {args.n_train} train + {args.n_val} val images and {yaml_file} in {time.perf_counter() - t0:.1f}s")
-    return 0
+    return make_shapes.build_and_report(lambda: make_tiny_shapes(args.root, args.n_train, args.n_val, args.seed), args)
 
 
 if __name__ == "__main__":

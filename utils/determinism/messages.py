@@ -12,20 +12,24 @@ def finding_text(f) -> str:
 
 def strict_failure_message(device: str, failing: list) -> str:
     """One line: what fails under strict on ``device`` and the ways out."""
-    ops = "; ".join(finding_text(f) for f in failing)
-    return (f"--deterministic strict: {len(failing)} op(s) of this model have no deterministic "
-            f"implementation on {device}: {ops}. Ways out: --deterministic scoped (relaxes only the "
-            "backward pass), --deterministic warn (reports and continues), or replace the module with "
-            "a deterministic one; see docs/determinism.md")
+    return (f"--deterministic strict: {_listed(failing, 'of this model', device)}. "
+            f"{_ways_out('--deterministic scoped (relaxes only the backward pass), ')}")
 
 
 def scoped_failure_message(device: str, forward: list) -> str:
     """One line: ops outside the backward that scoped cannot relax on ``device``, and the ways out."""
-    ops = "; ".join(finding_text(f) for f in forward)
-    return (f"--deterministic scoped: {len(forward)} op(s) outside the backward pass have no deterministic "
-            f"implementation on {device}: {ops}. scoped relaxes only the backward, so training would stop at "
-            "the first batch. Ways out: --deterministic warn (reports and continues), or replace the module "
-            "with a deterministic one; see docs/determinism.md")
+    return (f"--deterministic scoped: {_listed(forward, 'outside the backward pass', device)}. scoped relaxes "
+            f"only the backward, so training would stop at the first batch. {_ways_out('')}")
+
+
+def _listed(findings: list, where: str, device: str) -> str:
+    ops = "; ".join(finding_text(f) for f in findings)
+    return f"{len(findings)} op(s) {where} have no deterministic implementation on {device}: {ops}"
+
+
+def _ways_out(first: str) -> str:
+    return (f"Ways out: {first}--deterministic warn (reports and continues), or replace the module with a "
+            "deterministic one; see docs/determinism.md")
 
 
 def adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
