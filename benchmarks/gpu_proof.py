@@ -301,6 +301,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UserError(f"--jobs {args.jobs}: must be at least 1")
     if args.budget is not None and args.budget <= 0:
         raise UserError(f"--budget {args.budget}: must be a positive number of seconds")
+    if not args.device.strip():  # select_device would quietly pick the CPU: the proof must name its device
+        raise UserError("--device '': name the device to prove: a CUDA index such as 0, or cpu with "
+                        "--quick (the CPU check, --device cpu --quick)")
     if args.device.strip().lower() == "cpu" and not args.quick:
         raise UserError("--device cpu: the full plan is sized for a GPU (on a 2-core CPU it ran over 14 minutes "
                         "near 12 GB); the CPU check is --device cpu --quick")

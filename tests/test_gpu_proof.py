@@ -168,6 +168,7 @@ def test_the_same_workdir_twice_runs_twice(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, message", [
     ((), "ERROR: --device '0': CUDA is not available"),
     (("--device", "cpu"), "ERROR: --device cpu: the full plan is sized for a GPU"),
+    (("--device", ""), "ERROR: --device '': name the device to prove"),
 ])
 def test_no_quiet_fall_back_to_the_cpu(tmp_path, monkeypatch, capsys, args, message):
     """Finding 5: without CUDA the default device used to run the full plan on the CPU."""
