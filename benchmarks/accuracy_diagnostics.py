@@ -126,9 +126,11 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", type=Path, default=None, help="data YAML (default: generated tiny-shapes, 160 px)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        data = check_dataset(make_tiny_shapes(Path(tmp) / "tiny-shapes", n_train=128, n_val=16, seed=args.seed))
+        data = check_dataset(args.data or make_tiny_shapes(Path(tmp) / "tiny-shapes", n_train=128, n_val=16,
+                                                           seed=args.seed))
         for name in args.variants:
             diagnose(name, variant_yaml(name, Path(tmp) / "models"), data, args.imgsz, args.steps,
                      args.batch_size, args.seed)
