@@ -435,23 +435,6 @@ class DetectionModel(nn.Module):
         return model_info(self, verbose=verbose, imgsz=imgsz)
 
 
-def prepare_for_inference(model: nn.Module, channels_last: bool = True) -> nn.Module:
-    """Eval mode, no gradients, BatchNorm folded into convolutions and (optionally) channels-last
-    weights; returns ``model``. Feed it ``im.contiguous(memory_format=torch.channels_last)``.
-
-    Channels-last changes the convolution kernels' summation order, so outputs differ from the
-    plain layout in the last float bits (about 1e-5 px); training never uses this path.
-    """
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if callable(getattr(model, "fuse", None)):
-        model.fuse()
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    return model
-
-
 Model = DetectionModel
 
 

@@ -11,7 +11,6 @@ from utils.augmentations import (
     PAD_COLOUR,
     _tile_placement,
     apply_hsv,
-    augment_hsv,
     box_candidates,
     hsv_lut,
     letterbox,
@@ -173,15 +172,13 @@ def test_mosaic_keeps_boxes_inside_and_classes_unchanged(seed):
 
 # ---------------------------------------------------------------- colour, mixup, randomness hygiene
 
-def test_augment_hsv_is_seeded_and_zero_gains_do_nothing():
+def test_hsv_lut_is_seeded_and_zero_gains_draw_nothing():
     im = np.random.default_rng(3).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    untouched = im.copy()
     rng = np.random.default_rng(0)
-    augment_hsv(untouched, rng, 0, 0, 0)
-    assert np.array_equal(untouched, im) and rng.random() == np.random.default_rng(0).random()
-    a, b = im.copy(), im.copy()
-    augment_hsv(a, np.random.default_rng(5), 0.015, 0.7, 0.4)
-    augment_hsv(b, np.random.default_rng(5), 0.015, 0.7, 0.4)
+    assert hsv_lut(rng, 0, 0, 0) is None and rng.random() == np.random.default_rng(0).random()
+    a = apply_hsv(im, hsv_lut(np.random.default_rng(5), 0.015, 0.7, 0.4))
+    b = im.copy()
+    apply_hsv(b, hsv_lut(np.random.default_rng(5), 0.015, 0.7, 0.4), dst=b)
     assert np.array_equal(a, b) and not np.array_equal(a, im)
     darker = hsv_lut(np.random.default_rng(0), 0, 0, 0.4)
     grey = apply_hsv(np.full((2, 2, 3), 114, np.uint8), darker)
@@ -201,5 +198,5 @@ def test_augmentations_leave_global_random_state_alone():
     rng = np.random.default_rng(0)
     out, _ = mosaic(images, sizes, labels, 64, rng, degrees=10, shear=2)
     random_perspective(out, np.zeros((0, 5)), rng, degrees=10)
-    augment_hsv(out, rng)
+    apply_hsv(out, hsv_lut(rng), dst=out)
     assert np.array_equal(np_state[1], np.random.get_state()[1]) and py_state == random.getstate()

@@ -5,7 +5,8 @@ import copy
 import torch
 from torch import nn
 
-from models.yolo import Model, prepare_for_inference
+from models.backends import PyTorchBackend
+from models.yolo import Model
 from utils.torch_utils import ModelEMA
 
 
@@ -45,18 +46,17 @@ def test_foreach_ema_update_is_bit_identical_to_per_tensor_update():
     assert got["1.num_batches_tracked"] == 0, "integer buffers are not averaged"
 
 
-def test_prepare_for_inference_keeps_predictions(tiny_cfg):
+def test_fused_channels_last_backend_keeps_predictions(tiny_cfg):
+    """The eval fast path val.py and detect.py take (BatchNorm folded, channels-last) predicts as the model does."""
     torch.manual_seed(0)
     model = Model(tiny_cfg).eval()
     x = torch.rand((2, 3, 64, 64))
     with torch.no_grad():
         expected = model(x)[0]
-    fast = prepare_for_inference(copy.deepcopy(model))
-    assert not any(p.requires_grad for p in fast.parameters())
-    assert not any(isinstance(m, nn.BatchNorm2d) for m in fast.modules()), "BatchNorm must be folded"
-    assert fast.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
-    with torch.no_grad():
-        got = fast(x.contiguous(memory_format=torch.channels_last))[0]
+        fast = PyTorchBackend(copy.deepcopy(model).fuse())
+        got = fast.forward(x)[0]
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in fast.model.modules()), "BatchNorm must be folded"
+    assert fast.model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-3)
-    assert not fast.training
+    assert not fast.model.training

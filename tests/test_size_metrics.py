@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from utils.size_metrics import (COCO_BANDS, RESULT_COLUMNS, SIZE_BANDS, SizeBand, SizeBandStats, band_row,
-                                format_band_table, match_in_band)
+                                format_band_table, match_bands)
 
 
 def _random_scene(rng, n_images=40, size=400, nc=3):
@@ -71,6 +71,11 @@ def _pycocotools_bands(scenes, bands, nc=3):
     return out
 
 
+def _in_band(detections, labels, band):
+    correct, ignored, in_band = match_bands(detections, labels, (band,))
+    return correct[0], ignored[0], in_band[0]
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bands_agree_with_pycocotools(seed):
     pytest.importorskip("pycocotools")
@@ -97,7 +102,7 @@ def test_out_of_band_match_is_ignored_not_false_positive():
     small = SizeBand("s", "T", "s", 0, 100)
     labels = torch.tensor([[0, 0, 0, 8, 8], [0, 50, 50, 90, 90]], dtype=torch.float32)  # 64 px² and 1600 px²
     dets = torch.tensor([[50, 50, 90, 90, 0.9, 0], [0, 0, 8, 8, 0.8, 0], [200, 200, 260, 260, 0.7, 0]])
-    correct, ignored, in_band = match_in_band(dets, labels, small)
+    correct, ignored, in_band = _in_band(dets, labels, small)
     assert in_band.tolist() == [True, False]
     assert correct[:, 0].tolist() == [False, True, False]
     # the big detection found the big (out-of-band) label: ignored; the unmatched big one is outside: ignored
@@ -107,8 +112,8 @@ def test_out_of_band_match_is_ignored_not_false_positive():
 def test_band_edges_are_inclusive_like_pycocotools():
     tiny, very_tiny = SIZE_BANDS[4], SIZE_BANDS[3]
     labels = torch.tensor([[0, 0, 0, 8, 8]], dtype=torch.float32)  # area exactly 8² = 64
-    assert match_in_band(torch.zeros(0, 6), labels, tiny)[2].tolist() == [True]
-    assert match_in_band(torch.zeros(0, 6), labels, very_tiny)[2].tolist() == [True]
+    assert _in_band(torch.zeros(0, 6), labels, tiny)[2].tolist() == [True]
+    assert _in_band(torch.zeros(0, 6), labels, very_tiny)[2].tolist() == [True]
 
 
 def test_empty_band_prints_dash_and_logs_nan():
@@ -169,5 +174,5 @@ def test_band_covering_everything_is_val_matching():
 
     everything = SizeBand("all", "T", "all", 0, 1e10)
     for dets, gt in _random_scene(np.random.default_rng(5), n_images=15):
-        correct, ignored, in_band = match_in_band(dets, gt, everything)
+        correct, ignored, in_band = _in_band(dets, gt, everything)
         assert np.array_equal(correct, match_predictions(dets, gt)) and not ignored.any() and in_band.all()

@@ -71,13 +71,6 @@ def apply_hsv(im, lut, dst=None):
     return cv2.cvtColor(cv2.LUT(hsv, lut), cv2.COLOR_HSV2BGR, dst=dst)
 
 
-def augment_hsv(im, rng, hgain=0.5, sgain=0.5, vgain=0.5):
-    """Scale hue, saturation and value of ``im`` (h, w, 3) BGR uint8 by random gains, in place."""
-    lut = hsv_lut(rng, hgain, sgain, vgain)
-    if lut is not None:
-        apply_hsv(im, lut, dst=im)
-
-
 def box_candidates(box1, box2, wh_thr=2, ar_thr=100, area_thr=0.1, eps=1e-16):
     """Which boxes survive augmentation: (n,) bool for ``box1`` before and ``box2`` after, both (4, n) xyxy.
 

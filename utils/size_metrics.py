@@ -95,12 +95,6 @@ def match_bands(detections, labels, bands=SIZE_BANDS, iou_thresholds=IOU_THRESHO
     return correct, ignored, in_band
 
 
-def match_in_band(detections, labels, band, iou_thresholds=IOU_THRESHOLDS):
-    """:func:`match_bands` for one band: ``(correct (N, T), ignored (N, T), in_band (M,))``."""
-    correct, ignored, in_band = match_bands(detections, labels, (band,), iou_thresholds)
-    return correct[0], ignored[0], in_band[0]
-
-
 def band_ap(correct, ignored, conf, pred_cls, target_cls):
     """(mAP50, mAP50-95, AR) of one band over all images; NaN each when the band has no labels.
 
