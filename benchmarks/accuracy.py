@@ -118,6 +118,10 @@ def target_verdicts(rows: list[dict]) -> list[str]:
         if not (ffca and p2 and v5):
             continue
         never = 10 ** 6
+        if not any(r["first"] for r in (ffca, p2, v5)):
+            lines.append(f"{kind} {size} px seed {seed}: no model reached mAP50 > {START_MAP50}; the budget "
+                         "decides nothing here")
+            continue
         starts = (ffca["first"] or never) <= (p2["first"] or never) + 2
         ends = ffca["map"] >= v5["map"]
         verdict = "meets" if starts and ends else "misses" + (" start" if not starts else "") + (" end" if not ends else "")
