@@ -8,6 +8,7 @@ Fault matrix (see docs/reliability.md); each row is a test below:
 | train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
 """
 
+import importlib.util
 import sys
 
 import cv2
@@ -114,3 +115,20 @@ def test_freezing_every_layer_is_a_user_error(tiny_cfg):
         train.freeze_layers(model, [100])
     assert train.freeze_layers(model, [1]) == ["model.0."]
     assert any(p.requires_grad for p in model.parameters())
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, train.ROOT / "data" / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag, value", [("--background-ratio", "nan"), ("--background-ratio", "inf"),
+                                         ("--background-ratio", "-0.5"), ("--overlap", "nan"),
+                                         ("--min-visibility", "nan")])
+def test_slicer_refuses_non_finite_or_out_of_range_values(flag, value, tmp_path, capsys):
+    err = _cli_error(capsys, _script("slice_dataset").main,
+                     ["--data", "d.yaml", "--out", str(tmp_path / "out"), flag, value])
+    assert f"{flag} {value}" in err and "must be" in err
+    assert not (tmp_path / "out").exists()
