@@ -38,6 +38,7 @@ from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.ops import check_img_size  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
+ONNX_OPSETS = (7, 20)  # the opsets torch.onnx.export(dynamo=False) accepts, lowest and highest
 FORMATS = {"onnx": "{stem}.onnx", "torchscript": "{stem}.torchscript", "openvino": "{stem}" + OPENVINO_FOLDER}
 # (import name, pip command) per format; OpenVINO models are converted from the ONNX export
 PACKAGES = {"onnx": [("onnx", "onnx onnxruntime")], "openvino": [("onnx", "onnx"), ("openvino", "openvino")]}
@@ -221,6 +222,10 @@ def check_options(opt, device):
         raise UserError("--half needs a CUDA --device (fp16 export is GPU only); drop --half for CPU")
     if opt.half and opt.dynamic:
         raise UserError("--half and --dynamic cannot be combined; choose one")
+    low, high = ONNX_OPSETS
+    if {"onnx", "openvino"} & set(opt.include) and not low <= opt.opset <= high:
+        raise UserError(f"--opset {opt.opset}: the ONNX exporter supports opsets {low} to {high}; "
+                        f"choose one in that range (default 17)")
     check_packages(opt)
     return opt.imgsz * 2 if len(opt.imgsz) == 1 else opt.imgsz
 

@@ -121,6 +121,8 @@ def test_relative_difference_scales_boxes_not_scores():
     (["--imgsz", "0"], "--imgsz [0]"),
     (["--batch-size", "0"], "--batch-size 0"),
     (["--include", "onnx", "openvino", "--half"], "--half: OpenVINO export is fp32 only"),
+    (["--include", "onnx", "--opset", "99"], "--opset 99: the ONNX exporter supports opsets 7 to 20"),
+    (["--include", "openvino", "--opset", "6"], "--opset 6: the ONNX exporter supports opsets 7 to 20"),
 ])
 def test_bad_flags_exit_2_with_one_line(tiny_pt, capsys, args, message):
     with pytest.raises(SystemExit) as e:
