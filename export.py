@@ -177,15 +177,19 @@ def export_one(fmt, weights, model, im, opt, meta):
     weights = Path(weights)
     path = weights.with_name(FORMATS[fmt].format(stem=weights.stem))
     LOGGER.info(f"\n{colorstr(fmt + ':')} exporting {weights} at {tuple(im.shape)} ...")
-    if fmt == "torchscript":
-        write_and_check(fmt, torchscript_bytes(model, im, meta), path, model, im, im.device)
-        return path
-    data = onnx_bytes(model, im, opt.opset, opt.dynamic, opt.simplify, meta)
-    if fmt == "onnx":
-        write_and_check(fmt, data, path, model, im, im.device)
-    else:
-        write = functools.partial(openvino_save, data, meta, stem=weights.stem)
-        write_and_check_folder(fmt, write, path, model, im, im.device)
+    try:
+        if fmt == "torchscript":
+            write_and_check(fmt, torchscript_bytes(model, im, meta), path, model, im, im.device)
+            return path
+        data = onnx_bytes(model, im, opt.opset, opt.dynamic, opt.simplify, meta)
+        if fmt == "onnx":
+            write_and_check(fmt, data, path, model, im, im.device)
+        else:
+            write = functools.partial(openvino_save, data, meta, stem=weights.stem)
+            write_and_check_folder(fmt, write, path, model, im, im.device)
+    except OSError as e:
+        raise UserError(f"{path}: the {fmt} export could not be written ({e.strerror or e}); free disk space or "
+                        f"copy {weights.name} to a writable folder; any earlier {path.name} is unchanged") from None
     return path
 
 
