@@ -6,6 +6,9 @@ Fault matrix (see docs/reliability.md); each row is a test below:
 |-------------|--------------------------|--------------------------|---------------------------------------------|
 | detect.py   | test_detect_write_faults | test_detect_write_faults | test_detect_missing_source_leaves_no_folder |
 | train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
+| export.py   | tests/test_export.py     | tests/test_export.py     | tests/test_export.py (--opset and other flags) |
+| val.py      |                          |                          | test_val_on_an_empty_image_list_leaves_no_run_folder |
+| slicer      |                          |                          | test_slicer_refuses_non_finite_or_out_of_range_values |
 """
 
 import importlib.util
@@ -18,7 +21,9 @@ import torch
 
 import detect
 import train
+import val
 from models.yolo import Model
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 
 
@@ -132,3 +137,18 @@ def test_slicer_refuses_non_finite_or_out_of_range_values(flag, value, tmp_path,
                      ["--data", "d.yaml", "--out", str(tmp_path / "out"), flag, value])
     assert f"{flag} {value}" in err and "must be" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_val_on_an_empty_image_list_leaves_no_run_folder(tiny_cfg, tmp_path, capsys):
+    model = Model(str(tiny_cfg), nc=4)
+    weights = tmp_path / "tiny.pt"
+    save_checkpoint({"model_cfg": model.yaml, "nc": 4, "names": ["a", "b", "c", "d"], "model": model.state_dict(),
+                     "ema": None}, weights)
+    (tmp_path / "empty.txt").write_text("")
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {tmp_path}\ntrain: empty.txt\nval: empty.txt\nnames: [a, b, c, d]\n")
+    project = tmp_path / "runs"
+    err = _cli_error(capsys, val.cli, ["--data", str(data), "--weights", str(weights), "--imgsz", "64",
+                                       "--device", "cpu", "--workers", "0", "--project", str(project)])
+    assert "empty.txt" in err
+    assert not project.exists()
