@@ -38,6 +38,7 @@ from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.ops import check_img_size  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
+ONNX_OPSETS = (7, 20)  # the opsets torch.onnx.export(dynamo=False) accepts, lowest and highest
 FORMATS = {"onnx": "{stem}.onnx", "torchscript": "{stem}.torchscript", "openvino": "{stem}" + OPENVINO_FOLDER}
 # (import name, pip command) per format; OpenVINO models are converted from the ONNX export
 PACKAGES = {"onnx": [("onnx", "onnx onnxruntime")], "openvino": [("onnx", "onnx"), ("openvino", "openvino")]}
@@ -176,15 +177,19 @@ def export_one(fmt, weights, model, im, opt, meta):
     weights = Path(weights)
     path = weights.with_name(FORMATS[fmt].format(stem=weights.stem))
     LOGGER.info(f"\n{colorstr(fmt + ':')} exporting {weights} at {tuple(im.shape)} ...")
-    if fmt == "torchscript":
-        write_and_check(fmt, torchscript_bytes(model, im, meta), path, model, im, im.device)
-        return path
-    data = onnx_bytes(model, im, opt.opset, opt.dynamic, opt.simplify, meta)
-    if fmt == "onnx":
-        write_and_check(fmt, data, path, model, im, im.device)
-    else:
-        write = functools.partial(openvino_save, data, meta, stem=weights.stem)
-        write_and_check_folder(fmt, write, path, model, im, im.device)
+    try:
+        if fmt == "torchscript":
+            write_and_check(fmt, torchscript_bytes(model, im, meta), path, model, im, im.device)
+            return path
+        data = onnx_bytes(model, im, opt.opset, opt.dynamic, opt.simplify, meta)
+        if fmt == "onnx":
+            write_and_check(fmt, data, path, model, im, im.device)
+        else:
+            write = functools.partial(openvino_save, data, meta, stem=weights.stem)
+            write_and_check_folder(fmt, write, path, model, im, im.device)
+    except OSError as e:
+        raise UserError(f"{path}: the {fmt} export could not be written ({e.strerror or e}); free disk space or "
+                        f"copy {weights.name} to a writable folder; any earlier {path.name} is unchanged") from None
     return path
 
 
@@ -221,6 +226,10 @@ def check_options(opt, device):
         raise UserError("--half needs a CUDA --device (fp16 export is GPU only); drop --half for CPU")
     if opt.half and opt.dynamic:
         raise UserError("--half and --dynamic cannot be combined; choose one")
+    low, high = ONNX_OPSETS
+    if {"onnx", "openvino"} & set(opt.include) and not low <= opt.opset <= high:
+        raise UserError(f"--opset {opt.opset}: the ONNX exporter supports opsets {low} to {high}; "
+                        f"choose one in that range (default 17)")
     check_packages(opt)
     return opt.imgsz * 2 if len(opt.imgsz) == 1 else opt.imgsz
 

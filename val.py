@@ -219,8 +219,6 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if training:
         model, device, half = _training_model(model, half)
     else:
-        save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
-        (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
         model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data,
                                                          single_cls)
     model.eval()
@@ -229,6 +227,9 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     names = _class_names(names, model, data, single_cls)
     if dataloader is None:
         dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers)
+    if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
+        save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
+        (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
 
     record = ValidationRecord(ConfusionMatrix(nc=nc), SizeBandStats() if size_bands or not training or verbose else None,
                               single_cls, plots, save_dir if save_txt else None, save_conf,

@@ -71,7 +71,8 @@ def log_lines():
 
 
 def _inject_write_fault(monkeypatch, root: Path, code: int):
-    """Make every write under ``root`` fail with ``code`` (open for writing, mkdir, cv2.imwrite), as a full
+    """Make every write under ``root`` fail with ``code`` (open or os.open for writing, so mkstemp too; mkdir;
+    cv2.imwrite), as a full
     disk or read-only mount does; reads and writes elsewhere are untouched. Root ignores mode bits, so this
     stands in for chmod."""
     import builtins
@@ -88,12 +89,17 @@ def _inject_write_fault(monkeypatch, root: Path, code: int):
     def fail(path):
         raise OSError(code, os.strerror(code), str(path))
 
-    real_open, real_mkdir, real_imwrite = builtins.open, Path.mkdir, cv2.imwrite
+    real_open, real_os_open, real_mkdir, real_imwrite = builtins.open, os.open, Path.mkdir, cv2.imwrite
 
     def open_(file, mode="r", *args, **kwargs):
         if isinstance(file, (str, Path)) and any(c in mode for c in "wax+") and inside(file):
             fail(file)
         return real_open(file, mode, *args, **kwargs)
+
+    def os_open(file, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and inside(file):
+            fail(file)
+        return real_os_open(file, flags, *args, **kwargs)
 
     def mkdir(self, *args, **kwargs):
         if inside(self) and not (self.is_dir() and kwargs.get("exist_ok")):
@@ -104,6 +110,7 @@ def _inject_write_fault(monkeypatch, root: Path, code: int):
         return False if inside(file) else real_imwrite(file, *args, **kwargs)  # OpenCV reports failure so
 
     monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
     monkeypatch.setattr(Path, "mkdir", mkdir)
     monkeypatch.setattr(cv2, "imwrite", imwrite)
     return errno.errorcode[code]

@@ -419,3 +419,24 @@ def test_annotations_without_an_image_are_counted_and_named(tmp_path, log_lines,
 def test_vedai_names_the_row_of_an_unlisted_class_code(tmp_path, log_lines):
     convert("vedai", "--src", make_vedai(tmp_path / "src", combined=False), "--out", tmp_path / "out")
     assert sum("00000000.txt:2" in m and "class code 31" in m for m in log_lines) == 1
+
+
+def test_coco_malformed_entries_are_named_counted_and_skipped(tmp_path, log_lines):
+    """Null box values, list-valued ids and an image entry that is a string: warnings, not a traceback."""
+    src = make_coco(tmp_path / "src")
+    train_json = src / "annotations" / "aitod_train_v1.json"
+    train = json.loads(train_json.read_text())
+    train["images"].append("t3.png")
+    train["annotations"] = [train["annotations"][0],
+                            {"id": 6, "image_id": 1, "category_id": 7, "bbox": [None, 1, 2, 3]},
+                            {"id": 7, "image_id": [1], "category_id": 7, "bbox": [1, 1, 2, 3]},
+                            {"id": 8, "image_id": 1, "category_id": [3], "bbox": [1, 1, 2, 3]}]
+    train_json.write_text(json.dumps(train))
+    out = tmp_path / "out"
+    convert("coco", "--src", src, "--out", out)
+    assert_rows(labels(out, "train", "t1"), [yolo(1, 4, 6, 12, 10, 40, 30)])
+    record = yaml.safe_load((out / "conversion.yaml").read_text())
+    assert record["dropped"] == {"malformed row": 3} and record["images_skipped"] == 2  # t3.png, gone.png
+    for where in ("annotations[1]: None is not a number", "annotations[2]: image_id", "annotations[3]: category_id",
+                  "aitod_train_v1.json:images[2]: entry 't3.png'"):
+        assert sum(where in m for m in log_lines) == 1, (where, log_lines)

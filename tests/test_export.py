@@ -104,6 +104,22 @@ def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch, fm
         {"m.pt", previous, str(Path(previous).parent)} - {"."})  # nothing added, nothing left behind
 
 
+@pytest.mark.parametrize("fault, reason", [("full_disk", "No space left"), ("read_only", "Read-only")])
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx", "openvino"])
+def test_unwritable_output_folder_exits_2_with_one_line(request, tiny_pt, tmp_path, capsys, fault, reason, fmt):
+    """Checkpoint in a folder that cannot be written to (read-only mount, full disk): one line, no traceback."""
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    weights = folder / "tiny.pt"
+    weights.write_bytes(tiny_pt.read_bytes())
+    request.getfixturevalue(fault)(folder)
+    with pytest.raises(SystemExit) as e:
+        export.cli(["--weights", str(weights), "--imgsz", "64", "--include", fmt])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR: ") and "\n" not in err, err
+    assert str(folder) in err and reason in err and "could not be written" in err
+    assert sorted(p.name for p in folder.iterdir()) == ["tiny.pt"]
+
 def test_relative_difference_scales_boxes_not_scores():
     ref = torch.zeros(1, 2, 7)
     ref[..., :4] = 600.0
@@ -121,6 +137,8 @@ def test_relative_difference_scales_boxes_not_scores():
     (["--imgsz", "0"], "--imgsz [0]"),
     (["--batch-size", "0"], "--batch-size 0"),
     (["--include", "onnx", "openvino", "--half"], "--half: OpenVINO export is fp32 only"),
+    (["--include", "onnx", "--opset", "99"], "--opset 99: the ONNX exporter supports opsets 7 to 20"),
+    (["--include", "openvino", "--opset", "6"], "--opset 6: the ONNX exporter supports opsets 7 to 20"),
 ])
 def test_bad_flags_exit_2_with_one_line(tiny_pt, capsys, args, message):
     with pytest.raises(SystemExit) as e:

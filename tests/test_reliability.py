@@ -6,8 +6,12 @@ Fault matrix (see docs/reliability.md); each row is a test below:
 |-------------|--------------------------|--------------------------|---------------------------------------------|
 | detect.py   | test_detect_write_faults | test_detect_write_faults | test_detect_missing_source_leaves_no_folder |
 | train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
+| export.py   | tests/test_export.py     | tests/test_export.py     | tests/test_export.py (--opset and other flags) |
+| val.py      |                          |                          | test_val_on_an_empty_image_list_leaves_no_run_folder |
+| slicer      |                          |                          | test_slicer_refuses_non_finite_or_out_of_range_values |
 """
 
+import importlib.util
 import sys
 
 import cv2
@@ -17,7 +21,9 @@ import torch
 
 import detect
 import train
+import val
 from models.yolo import Model
+from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 
 
@@ -114,3 +120,35 @@ def test_freezing_every_layer_is_a_user_error(tiny_cfg):
         train.freeze_layers(model, [100])
     assert train.freeze_layers(model, [1]) == ["model.0."]
     assert any(p.requires_grad for p in model.parameters())
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, train.ROOT / "data" / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag, value", [("--background-ratio", "nan"), ("--background-ratio", "inf"),
+                                         ("--background-ratio", "-0.5"), ("--overlap", "nan"),
+                                         ("--min-visibility", "nan")])
+def test_slicer_refuses_non_finite_or_out_of_range_values(flag, value, tmp_path, capsys):
+    err = _cli_error(capsys, _script("slice_dataset").main,
+                     ["--data", "d.yaml", "--out", str(tmp_path / "out"), flag, value])
+    assert f"{flag} {value}" in err and "must be" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_val_on_an_empty_image_list_leaves_no_run_folder(tiny_cfg, tmp_path, capsys):
+    model = Model(str(tiny_cfg), nc=4)
+    weights = tmp_path / "tiny.pt"
+    save_checkpoint({"model_cfg": model.yaml, "nc": 4, "names": ["a", "b", "c", "d"], "model": model.state_dict(),
+                     "ema": None}, weights)
+    (tmp_path / "empty.txt").write_text("")
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {tmp_path}\ntrain: empty.txt\nval: empty.txt\nnames: [a, b, c, d]\n")
+    project = tmp_path / "runs"
+    err = _cli_error(capsys, val.cli, ["--data", str(data), "--weights", str(weights), "--imgsz", "64",
+                                       "--device", "cpu", "--workers", "0", "--project", str(project)])
+    assert "empty.txt" in err
+    assert not project.exists()

@@ -14,6 +14,7 @@ stopped. ``DIR/data.yaml`` is written last. A different command on the same ``DI
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -164,8 +165,8 @@ def parse_args(argv=None):
         raise UserError(f"--overlap {args.overlap}: must be between 0.0 and 0.9")
     if not 0 < args.min_visibility <= 1:
         raise UserError(f"--min-visibility {args.min_visibility}: must be in (0, 1]")
-    if args.background_ratio < 0:
-        raise UserError(f"--background-ratio {args.background_ratio}: must be 0 or more")
+    if not (math.isfinite(args.background_ratio) and args.background_ratio >= 0):
+        raise UserError(f"--background-ratio {args.background_ratio}: must be a finite number, 0 or more")
     return args
 
 

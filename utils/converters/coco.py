@@ -79,12 +79,17 @@ def image_folders(src: Path, split: str, json_path: Path) -> list:
     return [src / "images" / split, src / split / "images", src / split, src / "images", src / stem, src]
 
 
+def is_id(value) -> bool:
+    """Whether ``value`` can be a COCO id (an int or a string, never a list or null)."""
+    return isinstance(value, (int, str))
+
+
 def group_annotations(data: dict, path: Path, writer) -> dict:
     """``{image_id: [annotation, ...]}``; annotations that point at no image are reported and skipped."""
-    image_ids = {im.get("id") for im in data["images"]}
+    image_ids = {im.get("id") for im in data["images"] if isinstance(im, dict) and is_id(im.get("id"))}
     grouped = defaultdict(list)
     for n, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or ann.get("image_id") not in image_ids:
+        if not isinstance(ann, dict) or not is_id(ann.get("image_id")) or ann["image_id"] not in image_ids:
             writer.bad_row(f"{path}:annotations[{n}]", "image_id matches no entry of 'images'")
             continue
         grouped[ann["image_id"]].append((n, ann))
@@ -94,7 +99,7 @@ def group_annotations(data: dict, path: Path, writer) -> dict:
 def annotation_row(n, ann, path, ids, size, keep_crowd, writer):
     """One YOLO row from a COCO annotation, or None (dropped and counted)."""
     where = f"{path}:annotations[{n}]"
-    if ann.get("category_id") not in ids:
+    if not is_id(ann.get("category_id")) or ann["category_id"] not in ids:
         writer.bad_row(where, f"category_id {ann.get('category_id')!r} is not in 'categories'")
         return None
     bbox = ann.get("bbox")
@@ -118,8 +123,13 @@ def convert_split(src, split, path, data, ids, opt, writer) -> None:
     """Write every image of one annotation file with its rows."""
     grouped = group_annotations(data, path, writer)
     folders = image_folders(src, split, path)
-    ordered = sorted(enumerate(data["images"]), key=lambda item: str(item[1].get("file_name")))
-    for n, im in ordered:
+    entries = []
+    for n, im in enumerate(data["images"]):
+        if isinstance(im, dict) and is_id(im.get("id")):
+            entries.append((n, im))
+        else:
+            writer.skip_image(f"{path}:images[{n}]", f"entry {im!r} is not an object with an 'id'")
+    for n, im in sorted(entries, key=lambda item: str(item[1].get("file_name"))):
         file_name = str(im.get("file_name", ""))
         image = next((f / file_name for f in folders if file_name and (f / file_name).is_file()), None)
         size = image_size(image) if image is not None else None

@@ -60,7 +60,7 @@ def numbers(tokens, kind=float) -> list:
     for token in tokens:
         try:
             value = kind(token)
-        except ValueError:
+        except (TypeError, ValueError):
             raise ValueError(f"{token!r} is not a number") from None
         if value != value or value in (float("inf"), float("-inf")):
             raise ValueError(f"{token!r} is not a finite number")
