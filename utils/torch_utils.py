@@ -27,7 +27,6 @@ from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
 
 
-
 # ----------------------------------------------------------------------------- devices
 
 
