@@ -6,9 +6,10 @@ data and the run): 512-px images, 32-64 objects each, box sides 2-12 px, about f
 benchmarks/accuracy.py's ``train_one`` (one thread per worker process), with the base hyp file
 plus the ``--set`` overrides, so options such as a tiny-box threshold or an NWD loss weight can be
 compared on the same data by running the suite once per setting. Per run it prints mAP50,
-mAP50-95, AP50-95 and label count per AI-TOD band (by sqrt(box area): very tiny < 8, tiny 8-16,
-small 16-32 px), the first epoch with mAP50 > 0.001, the train box loss at the first and last
-epoch, and the wall time per epoch (training plus each epoch's validation).
+mAP50-95, AP50, AP50-95 and label count per AI-TOD band (by sqrt(box area): very tiny < 8 and
+tiny 8-16 px; the objects fall in no other band), the first epoch with mAP50 > 0.001, the train
+box loss at the first and last epoch, and the wall time per epoch (training plus each epoch's
+validation); then per model the mean and range over seeds, the seed-to-seed spread.
 
     python benchmarks/very_tiny.py                                   # the default suite (docs/small-objects.md)
     python benchmarks/very_tiny.py --set scale=0.25 --out runs/very-tiny
@@ -41,6 +42,7 @@ from utils.training.evolve import META  # noqa: E402
 
 HYPS = ROOT / "data" / "hyps"
 DEFAULT_HYP = HYPS / "hyp.scratch-low.yaml"
+SUITE_BANDS = ("very_tiny", "tiny")  # AI-TOD bands the generated 2-12 px objects fall in
 MIN_IMG_SIZE = 32  # the generator needs room to place objects; the model needs a few stride-32 cells
 
 
@@ -118,24 +120,44 @@ def jobs_for(opt: argparse.Namespace, overrides: dict, out: Path) -> list[dict]:
     return jobs
 
 
+def _ap(value: float, digits: int = 3) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def _band(bands: dict, key: str) -> str:
-    """``AP50-95 (labels)`` of one band, ``-`` for an empty band."""
+    """``AP50 / AP50-95 (labels)`` of one band, ``-`` for an empty band."""
     band = bands.get(key, {})
-    ap = band.get("map", float("nan"))
-    return f"{'-' if math.isnan(ap) else f'{ap:.3f}'} ({band.get('instances', 0)})"
+    nan = float("nan")
+    return f"{_ap(band.get('map50', nan))} / {_ap(band.get('map', nan))} ({band.get('instances', 0)})"
 
 
 def format_table(rows: list[dict], overrides: dict) -> str:
     """Markdown table, one row per (seed, model)."""
-    head = ["hyp", "seed", "model", "mAP50", "mAP50-95", *(f"AP50-95 {v} px (labels)" for v in BANDS.values()),
-            f"first epoch mAP50 > {START_MAP50}", "box loss first → last", "s/epoch"]
+    bands = (f"AP50 / AP50-95 {BANDS[b]} px (labels)" for b in SUITE_BANDS)
+    head = ["hyp", "seed", "model", "mAP50", "mAP50-95", *bands, f"first epoch mAP50 > {START_MAP50}",
+            "box loss first → last", "s/epoch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [run_label(overrides), str(r["seed"]), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
-                 *(_band(r["bands"], b) for b in BANDS), str(r["first"] or "never"),
+                 *(_band(r["bands"], b) for b in SUITE_BANDS), str(r["first"] or "never"),
                  f"{r['box0']:.3f} → {r['box1']:.3f}", f"{r['s_per_epoch']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def seed_summary(rows: list[dict]) -> list[str]:
+    """Per model over its seeds: mean and range of mAP50-95 and of each band's AP50-95 (the seed-to-seed spread)."""
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    lines = []
+    for model, runs in by_model.items():
+        columns = {"mAP50-95": [r["map"] for r in runs],
+                   **{f"AP50-95 {BANDS[b]} px": [r["bands"].get(b, {}).get("map", float("nan")) for r in runs]
+                      for b in SUITE_BANDS}}
+        parts = [f"{name} {sum(v) / len(v):.4f} ({min(v):.4f}-{max(v):.4f})" for name, v in columns.items()]
+        lines.append(f"{model}, {len(runs)} seed(s), mean (min-max): " + "; ".join(parts))
+    return lines
 
 
 def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
@@ -182,7 +204,7 @@ def run_suite(argv=None) -> str:
         jobs = jobs_for(opt, overrides, out)
         with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             rows = list(pool.map(train_one, jobs))
-    report = format_table(rows, overrides)
+    report = "\n".join([format_table(rows, overrides), "", *seed_summary(rows)])
     print(f"\n{command_line(opt)}\n{report}")
     return report
 

@@ -1,4 +1,4 @@
-"""The very-tiny benchmark (issue 27): its generator's sizes and determinism, the suite runner's errors and a smoke run."""
+"""The very-tiny benchmark (issue 27): the generator's sizes and determinism, the runner's errors, a smoke run."""
 
 import math
 import subprocess
@@ -104,6 +104,24 @@ def test_one_epoch_smoke_on_a_64px_mini_suite(tmp_path, tiny_cfg):
     assert len(table) == 3 and table[2].startswith("| mosaic=0 | 0 | ffca-yolo-n |")
     assert row["bands"]["very_tiny"]["instances"] > 0 and 0 <= row["map"] <= row["map50"] <= 1
     assert row["s_per_epoch"] > 0 and not math.isnan(row["box0"])
+
+
+def _row(seed, m, very_tiny_ap, tiny_ap):
+    bands = {"very_tiny": {"instances": 50, "map50": 0.5, "map": very_tiny_ap},
+             "tiny": {"instances": 9, "map50": 0.6, "map": tiny_ap}}
+    return {"seed": seed, "model": "ffca-yolo-n", "map50": 0.4, "map": m, "bands": bands, "first": 3 + seed,
+            "box0": 0.17, "box1": 0.12, "s_per_epoch": 9.5}
+
+
+def test_table_shows_both_bands_and_the_summary_gives_the_seed_spread():
+    rows = [_row(0, 0.10, 0.05, float("nan")), _row(1, 0.20, 0.07, 0.30)]
+    table = very_tiny.format_table(rows, {"scale": 0.25}).splitlines()
+    assert "AP50 / AP50-95 <8 px (labels)" in table[0] and "8-16 px" in table[0] and "16-32" not in table[0]
+    assert table[2] == ("| scale=0.25 | 0 | ffca-yolo-n | 0.400 | 0.1000 | 0.500 / 0.050 (50) | 0.600 / - (9) | 3 | "
+                        "0.170 → 0.120 | 9.5 |")
+    (summary,) = very_tiny.seed_summary(rows)
+    assert summary.startswith("ffca-yolo-n, 2 seed(s)") and "mAP50-95 0.1500 (0.1000-0.2000)" in summary
+    assert "AP50-95 <8 px 0.0600 (0.0500-0.0700)" in summary
 
 
 def test_cli_reports_an_unknown_key_without_a_traceback():
