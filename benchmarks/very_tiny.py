@@ -1,8 +1,8 @@
 """Very-tiny benchmark (issue 27): train on large cluttered images of 2-12 px objects, report per AI-TOD band.
 
 The data set is generated offline by data/scripts/make_very_tiny.py (seeded: the seed makes the
-data and the run): 512-px images, 32-64 objects each, box sides 2-12 px, about four in five under
-8 px. Each model trains from scratch at the images' own size with ``train.run`` through
+data and the run): 256-px images by default (``--img-size``), 32-64 objects each, box sides
+2-12 px, about four in five under 8 px. Each model trains from scratch at the images' own size with ``train.run`` through
 benchmarks/accuracy.py's ``train_one`` (one thread per worker process), with the base hyp file
 plus the ``--set`` overrides, so options such as a tiny-box threshold or an NWD loss weight can be
 compared on the same data by running the suite once per setting. Per run it prints mAP50,
