@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from tests.conftest import ROOT, _load_shapes_generator
@@ -196,3 +197,19 @@ def test_dataset_copy_paste_is_seeded_per_sample_and_leaves_other_draws_alone(ti
         changed = (im_a.numpy() != im_off.numpy()).any(0)
         assert changed.any() == (len(lb_a) > n), "pixels change exactly when something was pasted"
     assert pasted_any
+
+
+def test_copy_paste_batches_are_identical_for_workers_0_and_2(tiny_set):
+    from utils.dataloaders import create_dataloader
+
+    kwargs = dict(hyp={**SCRATCH_LOW, "copy_paste_small": 1.0}, augment=True, shuffle=True, seed=3)
+    l0, _ = create_dataloader(tiny_set, 128, 3, 32, workers=0, **kwargs)
+    l2, _ = create_dataloader(tiny_set, 128, 3, 32, workers=2, **kwargs)
+    off, _ = create_dataloader(tiny_set, 128, 3, 32, workers=0, **{**kwargs, "hyp": SCRATCH_LOW})
+    for loader in (l0, l2, off):
+        loader.set_epoch(1)
+    a, b, plain = list(l0), list(l2), list(off)
+    assert len(a) == len(b) == 2
+    for (ia, ta, pa, _), (ib, tb, pb, _) in zip(a, b):
+        assert pa == pb and torch.equal(ia, ib) and torch.equal(ta, tb)
+    assert sum(len(t) for _, t, _, _ in a) > sum(len(t) for _, t, _, _ in plain), "objects were pasted"
