@@ -7,7 +7,7 @@ level, and to the box centre's grid cell plus the two neighbouring cells nearest
 Two options for tiny objects (hyps, off by default, see docs/small-objects.md):
 ``nwd`` blends NWD into the box loss, ``(1 - nwd) * (1 - CIoU) + nwd * (1 - NWD)``; ``nwd_assign``
 gives each tiny target (``sqrt(w * h) <`` :data:`NWD_TINY_PX` input pixels) the anchors whose shape is
-NWD-close to it (NWD >= :data:`NWD_ASSIGN_THR`) plus its single NWD-closest anchor over all levels,
+NWD-close to it (NWD >= :data:`NWD_ASSIGN_THR`) plus its NWD-closest anchor over all levels,
 instead of the ratio rule, which leaves a 3-px box without any anchor of 10 px or more. NWD's constant
 C is ``nwd_c`` (pixels); per level it is C / stride, the boxes there being in grid cells.
 """
@@ -166,10 +166,8 @@ class ComputeLoss:
         gt_box = torch.cat((torch.zeros_like(gt_wh), gt_wh), 1)
         anchor_box = torch.cat((torch.zeros_like(anchor_wh), anchor_wh), 2)
         nwd = bbox_nwd(anchor_box[:, :, None], gt_box[None, None], self.nwd_c)  # (nl, na, nt)
-        keep = nwd >= NWD_ASSIGN_THR
-        nt = targets.shape[0]
-        keep.view(-1, nt)[nwd.view(-1, nt).argmax(0), torch.arange(nt, device=self.device)] = True
-        return tiny, keep
+        closest = nwd == nwd.flatten(0, 1).amax(0)  # ties (anchors of equal shape) all count as closest
+        return tiny, (nwd >= NWD_ASSIGN_THR) | closest
 
     def build_targets(self, preds, targets):
         """Assign targets to (image, anchor, cell) slots in every level, all targets at once.
