@@ -3,18 +3,28 @@
 Targets go to the anchors whose width/height ratio to the box is below ``anchor_t`` in every
 level, and to the box centre's grid cell plus the two neighbouring cells nearest the centre
 (which triples the positives and lets the (-0.5, 1.5) xy offset reach them).
+
+Two options for tiny objects (hyps, off by default, see docs/small-objects.md):
+``nwd`` blends NWD into the box loss, ``(1 - nwd) * (1 - CIoU) + nwd * (1 - NWD)``; ``nwd_assign``
+gives each tiny target (``sqrt(w * h) <`` :data:`NWD_TINY_PX` input pixels) the anchors whose shape is
+NWD-close to it (NWD >= :data:`NWD_ASSIGN_THR`) plus its NWD-closest anchor over all levels,
+instead of the ratio rule, which leaves a 3-px box without any anchor of 10 px or more. NWD's constant
+C is ``nwd_c`` (pixels); per level it is C / stride, the boxes there being in grid cells.
 """
 
 import torch
 from torch import nn
 
 from utils.errors import UserError
-from utils.metrics import bbox_iou
+from utils.extra_hyps import nwd_in_use, with_extra_hyp
+from utils.metrics import bbox_iou, bbox_nwd
 
 REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t", "fl_gamma")
 LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}  # objectness weight per level, small strides first
 DEFAULT_BALANCE = [4.0, 1.0, 0.25, 0.06, 0.02]
 NEIGHBOUR_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * 0.5
+NWD_TINY_PX = 8.0  # nwd_assign's "tiny": sqrt(w * h) below this in input pixels (AI-TOD's very tiny band)
+NWD_ASSIGN_THR = 0.5  # nwd_assign: a tiny target takes every anchor shape with NWD at least this
 
 
 def smooth_BCE(eps=0.1):  # noqa: N802 (YOLOv5's name)
@@ -91,6 +101,15 @@ class ComputeLoss:
         self.na, self.nc, self.nl = detect.na, detect.nc, detect.nl
         self.anchors = detect.anchors  # (nl, na, 2) in stride units = grid cells
         self.device = device
+        self._init_nwd(with_extra_hyp(hyp, "model.hyp"), detect.stride.tolist())
+
+    def _init_nwd(self, hyp: dict, strides: list) -> None:
+        """NWD settings from the (completed) hyp: blend weight, assignment switch, C in pixels."""
+        if nwd_in_use(hyp) and not hyp["nwd_c"] > 0:
+            raise UserError(f"nwd={hyp['nwd']}, nwd_assign={hyp['nwd_assign']} need the constant nwd_c > 0 "
+                            "(train.py sets it from the training set); set nwd_c in the hyperparameters")
+        self.nwd, self.nwd_assign, self.nwd_c = float(hyp["nwd"]), bool(hyp["nwd_assign"]), float(hyp["nwd_c"])
+        self.strides = [float(s) for s in strides]
 
     def __call__(self, preds, targets):
         targets = targets.to(self.device)
@@ -105,7 +124,7 @@ class ComputeLoss:
                 pxy, pwh, _, pcls = pi[b, a, gj, gi].split((2, 2, 1, self.nc), 1)
                 pbox = torch.cat((pxy.sigmoid() * 2 - 0.5, (pwh.sigmoid() * 2) ** 2 * anchors[i]), 1)
                 iou = bbox_iou(pbox, tbox[i], CIoU=True).squeeze(1)
-                lbox += (1.0 - iou).mean()
+                lbox += self._box_loss(pbox, tbox[i], iou, i)
                 target_iou = iou.detach().clamp(0).to(tobj.dtype)
                 if self.gr < 1:
                     target_iou = (1.0 - self.gr) + self.gr * target_iou
@@ -126,6 +145,30 @@ class ComputeLoss:
         bs = preds[0].shape[0]
         return (lbox + lobj + lcls) * bs, torch.cat((lbox, lobj, lcls)).detach()
 
+    def _box_loss(self, pbox, tbox, iou, level: int):
+        """Mean box loss of one level: 1 - CIoU, blended with 1 - NWD when ``nwd`` > 0 (boxes (m, 4) in cells)."""
+        if self.nwd == 0:
+            return (1.0 - iou).mean()
+        nwd = bbox_nwd(pbox, tbox, self.nwd_c / self.strides[level])
+        return ((1.0 - self.nwd) * (1.0 - iou) + self.nwd * (1.0 - nwd)).mean()
+
+    def _tiny_target_anchors(self, preds, targets):
+        """nwd_assign: which targets are tiny (nt,) and which anchors they take, (nl, na, nt) bool.
+
+        Shapes are compared in input pixels with both boxes centred alike, as the ratio rule compares
+        them; every tiny target keeps its NWD-closest anchor of all levels, so none is left without one.
+        """
+        strides = torch.tensor(self.strides, device=self.device, dtype=targets.dtype)
+        ny, nx = preds[0].shape[2:4]
+        gt_wh = targets[:, 4:6] * torch.stack((nx * strides[0], ny * strides[0]))  # (nt, 2) pixels
+        tiny = gt_wh.prod(1).sqrt() < NWD_TINY_PX
+        anchor_wh = self.anchors.to(targets.dtype) * strides[:, None, None]  # (nl, na, 2) pixels
+        gt_box = torch.cat((torch.zeros_like(gt_wh), gt_wh), 1)
+        anchor_box = torch.cat((torch.zeros_like(anchor_wh), anchor_wh), 2)
+        nwd = bbox_nwd(anchor_box[:, :, None], gt_box[None, None], self.nwd_c)  # (nl, na, nt)
+        closest = nwd == nwd.flatten(0, 1).amax(0)  # ties (anchors of equal shape) all count as closest
+        return tiny, (nwd >= NWD_ASSIGN_THR) | closest
+
     def build_targets(self, preds, targets):
         """Assign targets to (image, anchor, cell) slots in every level, all targets at once.
 
@@ -137,6 +180,7 @@ class ComputeLoss:
         # (na, nt, 7) = [image, cls, x, y, w, h, anchor]: every target paired with every anchor
         paired = torch.cat((targets.repeat(self.na, 1, 1), anchor_idx[..., None]), 2)
         offsets_table = NEIGHBOUR_OFFSETS.to(self.device)
+        tiny, tiny_keep = self._tiny_target_anchors(preds, targets) if self.nwd_assign and nt else (None, None)
         tcls, tbox, indices, anch = [], [], [], []
         for i in range(self.nl):
             ny, nx = preds[i].shape[2:4]
@@ -144,7 +188,10 @@ class ComputeLoss:
             t = paired * scale  # xywh in grid cells
             anchors = self.anchors[i]
             if nt:
-                t, offsets = _select_anchor_and_cells(t, anchors, self.hyp["anchor_t"], (nx, ny), offsets_table)
+                match = _anchor_ratio_match(t, anchors, self.hyp["anchor_t"])
+                if tiny is not None:
+                    match = torch.where(tiny, tiny_keep[i], match)
+                t, offsets = _select_cells(t[match], (nx, ny), offsets_table)
             else:
                 t, offsets = paired[0], torch.zeros((0, 2), device=self.device)
             image_cls, gxy, gwh, a = t.split((2, 2, 2, 1), 1)
@@ -159,11 +206,16 @@ class ComputeLoss:
         return tcls, tbox, indices, anch
 
 
-def _select_anchor_and_cells(t, anchors, anchor_t, grid_size, offsets_table):
-    """Keep (target, anchor) pairs with max(w/a, a/w, h/a, a/h) < ``anchor_t`` and add the two
-    neighbour cells nearest each centre. ``t`` (na, nt, 7) in grid units -> ((m, 7), offsets (m, 2))."""
+def _anchor_ratio_match(t, anchors, anchor_t):
+    """(target, anchor) pairs with max(w/a, a/w, h/a, a/h) < ``anchor_t``: ``t`` (na, nt, 7) -> (na, nt) bool."""
     ratio = t[..., 4:6] / anchors[:, None]
-    t = t[torch.max(ratio, 1 / ratio).max(2)[0] < anchor_t]
+    return torch.max(ratio, 1 / ratio).max(2)[0] < anchor_t
+
+
+def _select_cells(t, grid_size, offsets_table):
+    """Each kept pair in its centre cell plus the two neighbour cells nearest the centre.
+
+    ``t`` (m, 7) in grid units -> ((k, 7), offsets (k, 2))."""
     gxy = t[:, 2:4]
     gxy_inverse = torch.tensor(grid_size, device=t.device, dtype=t.dtype) - gxy
     left, top = ((gxy % 1 < 0.5) & (gxy > 1)).T
