@@ -32,7 +32,7 @@ def test_every_shipped_hyp_states_every_new_key_with_a_comment(path):
 def test_missing_keys_take_the_old_behaviour():
     filled = with_extra_hyp({"lr0": 0.01}, "x")
     assert filled == {"lr0": 0.01, "min_box_px": 2.0, "nwd": 0.0, "nwd_assign": 0, "nwd_c": 0.0,
-                      "copy_paste_small": 0.0}
+                      "copy_paste_small": 0.0, "obj_balance_by_stride": 0}
 
 
 @pytest.mark.parametrize("key, value", [("nwd", -0.1), ("nwd", 1.01), ("nwd_assign", 0.5), ("nwd_assign", True),

@@ -21,6 +21,7 @@ EXTRA_HYP = {
     "nwd_assign": (0, 0, 1, True),  # 1: tiny targets take anchors by NWD instead of the w/h ratio rule
     "nwd_c": (0.0, 0.0, math.inf, False),  # NWD constant C (px at --imgsz); 0: the training set's mean size
     "copy_paste_small": (0.0, 0.0, 1.0, False),  # probability of pasting copies of a sample's small objects
+    "obj_balance_by_stride": (0, 0, 1, True),  # 1: objectness weight per level from its stride (utils/loss.py)
 }
 
 

@@ -20,11 +20,28 @@ from utils.extra_hyps import nwd_in_use, with_extra_hyp
 from utils.metrics import bbox_iou, bbox_nwd
 
 REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t", "fl_gamma")
-LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}  # objectness weight per level, small strides first
+LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}  # YOLOv5's objectness weight by level position, small strides first
 DEFAULT_BALANCE = [4.0, 1.0, 0.25, 0.06, 0.02]
+STRIDE_32_BALANCE = 0.4  # YOLOv5's tuned weight for its stride-32 level (the 4x rule would give 0.25)
 NEIGHBOUR_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * 0.5
 NWD_TINY_PX = 8.0  # nwd_assign's "tiny": sqrt(w * h) below this in input pixels (AI-TOD's very tiny band)
 NWD_ASSIGN_THR = 0.5  # nwd_assign: a tiny target takes every anchor shape with NWD at least this
+
+
+def objectness_balance(strides, by_stride: bool = True) -> list[float]:
+    """Objectness loss weight per detection level.
+
+    The objectness loss is a mean over every (anchor, cell) slot of a level, so one positive's pull
+    shrinks with the level's slot count, 4x per halving of the stride. YOLOv5's weights 4.0 / 1.0 /
+    0.4 for strides 8 / 16 / 32 undo most of that, but YOLOv5 picks them by level position, so a
+    stride-4 level gets stride 8's 4.0 and each of its positives pulls 4x less than in yolov5n
+    (docs/accuracy.md). ``by_stride`` (hyp ``obj_balance_by_stride: 1``) gives every level
+    ``4.0 * (8 / s) ** 2`` (0.4 at stride 32): 16.0 at stride 4, YOLOv5's values at strides 8-32.
+    ``by_stride=False`` is YOLOv5's (and the FFCA-YOLO authors') list by position.
+    """
+    if not by_stride:
+        return list(LEVEL_BALANCE.get(len(strides), DEFAULT_BALANCE))[:len(strides)]
+    return [STRIDE_32_BALANCE if s == 32 else 4.0 * (8.0 / s) ** 2 for s in strides]
 
 
 def smooth_BCE(eps=0.1):  # noqa: N802 (YOLOv5's name)
@@ -94,14 +111,15 @@ class ComputeLoss:
             self.bce_cls = FocalLoss(self.bce_cls, hyp["fl_gamma"])
             self.bce_obj = FocalLoss(self.bce_obj, hyp["fl_gamma"])
         self.cp, self.cn = smooth_BCE(hyp.get("label_smoothing", 0.0))
-        self.balance = list(LEVEL_BALANCE.get(detect.nl, DEFAULT_BALANCE))
+        extra = with_extra_hyp(hyp, "model.hyp")
+        self.balance = objectness_balance(detect.stride.tolist(), bool(extra["obj_balance_by_stride"]))
         self.ssi = detect.stride.tolist().index(16) if autobalance and 16 in detect.stride.tolist() else 0
         self.autobalance = autobalance
         self.gr = 1.0  # objectness target = IoU ** gr mix; 1.0 means the IoU itself
         self.na, self.nc, self.nl = detect.na, detect.nc, detect.nl
         self.anchors = detect.anchors  # (nl, na, 2) in stride units = grid cells
         self.device = device
-        self._init_nwd(with_extra_hyp(hyp, "model.hyp"), detect.stride.tolist())
+        self._init_nwd(extra, detect.stride.tolist())
 
     def _init_nwd(self, hyp: dict, strides: list) -> None:
         """NWD settings from the (completed) hyp: blend weight, assignment switch, C in pixels."""
