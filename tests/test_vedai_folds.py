@@ -116,6 +116,15 @@ def test_bad_fold_options(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_convert_cli_bad_fold_count_is_one_error_line(tmp_path):
+    src = make_fake_vedai(tmp_path / "src")
+    proc = subprocess.run([sys.executable, str(ROOT / "data" / "scripts" / "convert.py"), "vedai", "--src", str(src),
+                           "--out", str(tmp_path / "out"), "--folds", "0"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == "ERROR: --folds 0: give 2 or more folds (VEDAI's own fold files make 10)\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_fold_files_and_too_many_hash_folds_are_refused(tmp_path):
     src = make_fake_vedai(tmp_path / "src")
     (src / "Annotations512" / "fold04test.txt").unlink()
@@ -139,7 +148,8 @@ def test_summary_is_mean_and_sample_standard_deviation():
     assert lines == ["fold 01: mAP50 0.7000, mAP50-95 0.4000", "fold 02: mAP50 0.7400, mAP50-95 0.4600",
                      "fold 03: mAP50 0.7800, mAP50-95 0.4300",
                      "3 folds: mAP50 0.7400 ± 0.0400, mAP50-95 0.4300 ± 0.0300 (mean ± sample standard deviation)"]
-    assert vedai_folds.summary_lines({4: (0.5, 0.25)})[-1] == "1 fold: mAP50 0.5000, mAP50-95 0.2500 (one fold: no spread)"
+    assert vedai_folds.summary_lines({4: (0.5, 0.25)})[-1] == \
+        "1 fold: mAP50 0.5000, mAP50-95 0.2500 (one fold: no spread)"
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +163,7 @@ def fold_data(tmp_path_factory) -> Path:
     (["--fold", "11"], "ERROR: --fold 11: this conversion has folds 1-10"),
     (["--fold", "0", "3"], "ERROR: --fold 0: this conversion has folds 1-10"),
     (["--fold", "x"], "ERROR: vedai_folds.py: argument --fold: invalid int value: 'x'"),
-    (["--", "--data", "x.yaml"], "ERROR: --data: set by vedai_folds.py for each fold"),
+    (["--", "--data", "x.yaml"], "ERROR: --data after '--': set for each fold by vedai_folds.py"),
 ])
 def test_loop_bad_fold_numbers_exit_2_with_one_line(fold_data, tmp_path, args, message):
     proc = subprocess.run([sys.executable, str(ROOT / "data" / "scripts" / "vedai_folds.py"), "--root", str(fold_data),

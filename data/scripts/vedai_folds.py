@@ -25,7 +25,10 @@ if str(ROOT) not in sys.path:
 from utils.errors import UserError, exit_on_user_error  # noqa: E402  (needs ROOT on sys.path)
 from utils.files import yaml_load  # noqa: E402
 
-SET_HERE = ("--data", "--project", "--name", "--resume", "--evolve", "--exist-ok")
+NOT_FOR_TRAIN = {"--data": "set for each fold by vedai_folds.py", "--project": "use vedai_folds.py's --project",
+                 "--name": "set for each fold by vedai_folds.py (foldNN)",
+                 "--resume": "resume a fold with train.py --resume, then summarise with --val-only",
+                 "--evolve": "not a fold run", "--exist-ok": "vedai_folds.py never reuses a fold folder"}
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -46,8 +49,9 @@ def parse_opt(argv=None):
     parser.add_argument("--val-only", action="store_true", help="train nothing; validate the runs under PROJECT")
     opt = parser.parse_args(ours)
     for arg in train_args:
-        if arg.split("=")[0] in SET_HERE:
-            raise UserError(f"{arg}: set by vedai_folds.py for each fold; leave it out of the train.py arguments")
+        flag = arg.split("=")[0]
+        if flag in NOT_FOR_TRAIN:
+            raise UserError(f"{arg} after '--': {NOT_FOR_TRAIN[flag]}; leave it out of the train.py arguments")
     return opt, train_args
 
 

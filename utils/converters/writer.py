@@ -183,7 +183,7 @@ class DatasetWriter:
         LOGGER.info(f"{self.summary()} -> {yaml_path}")
         return yaml_path
 
-    def publish_folds(self, yaml_name: str, names: list, folds: list, settings: dict | None = None) -> list:
+    def publish_folds(self, yaml_name: str, names: list, folds: list) -> list:
         """Write one data YAML per fold (``{yaml_name}-foldNN.yaml``), its image lists and
         ``conversion.yaml``, then swap into ``--out``. Returns the data YAMLs' final paths.
 
@@ -201,7 +201,7 @@ class DatasetWriter:
                                     f"use fewer folds or check the fold files")
         yaml_names, counts = [], []
         for k, fold in enumerate(folds, 1):
-            yaml_names.append(self._write_fold(k, fold, written, yaml_name, names, settings))
+            yaml_names.append(self._write_fold(k, fold, written, yaml_name, names))
             counts.append({split: len(fold[split]) for split in ("train", "val")})
         self._dump(MARKER, {"format": self.fmt, "options": self.options, "images": {POOL: self.images[POOL]},
                             "boxes": {POOL: self.boxes[POOL]}, "dropped": dict(sorted(self.dropped.items())),
@@ -211,7 +211,7 @@ class DatasetWriter:
         LOGGER.info(f"{self.summary()}, {len(folds)} folds -> {self.out / yaml_names[0]} ... {yaml_names[-1]}")
         return [self.out / y for y in yaml_names]
 
-    def _write_fold(self, k: int, fold: dict, written: set, yaml_name: str, names: list, settings) -> str:
+    def _write_fold(self, k: int, fold: dict, written: set, yaml_name: str, names: list) -> str:
         """``folds/foldNN/{train,val}.txt`` and the fold's data YAML; returns the YAML's file name."""
         train, val = sorted(fold["train"]), sorted(fold["val"])
         if set(train) & set(val) or not {Path(n).stem for n in train + val} <= written:
@@ -222,8 +222,7 @@ class DatasetWriter:
             (folder / f"{split}.txt").write_text("".join(f"../../images/{POOL}/{n}\n" for n in files))
         file_name = f"{yaml_name}-fold{k:02d}.yaml"
         self._dump(file_name, {"path": ".", "train": f"folds/fold{k:02d}/train.txt",
-                               "val": f"folds/fold{k:02d}/val.txt", "names": dict(enumerate(names)),
-                               **(settings or {})})
+                               "val": f"folds/fold{k:02d}/val.txt", "names": dict(enumerate(names))})
         return file_name
 
     def _split_entries(self) -> dict:
