@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 from models.yolo import Model  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
+from utils.options import OneLineErrorParser  # noqa: E402
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
@@ -29,16 +30,10 @@ DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_ARGUMENTS, EXIT_AUDIT_FAILED = 0, 1, 2, 3
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
-
-    def error(self, message):
-        raise UserError(f"{message}; see python audit.py --help")
-
 
 def parse_opt(argv=None) -> argparse.Namespace:
     """Parse and validate the audit command's flags."""
-    parser = _ArgumentParser(prog="python audit.py", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python audit.py", description=__doc__.splitlines()[0])
     parser.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)  # accepted for the old alias
     parser.add_argument("--cfg", type=str, help="model YAML, e.g. models/ffca-yolo.yaml")
     parser.add_argument("--imgsz", type=int, default=256, help="square input size in pixels")

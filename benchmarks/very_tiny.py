@@ -38,6 +38,7 @@ from benchmarks.accuracy import BANDS, START_MAP50, train_one  # noqa: E402
 from benchmarks.accuracy_variants import ABLATIONS, MODELS, variant_yaml  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load, yaml_save  # noqa: E402
+from utils.options import OneLineErrorParser  # noqa: E402
 from utils.training.evolve import META  # noqa: E402
 
 HYPS = ROOT / "data" / "hyps"
@@ -45,12 +46,6 @@ DEFAULT_HYP = HYPS / "hyp.scratch-low.yaml"
 SUITE_BANDS = ("very_tiny", "tiny")  # AI-TOD bands the generated 2-12 px objects fall in
 MIN_IMG_SIZE = 32  # the generator needs room to place objects; the model needs a few stride-32 cells
 
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
-
-    def error(self, message):
-        raise UserError(f"{message}; see python benchmarks/very_tiny.py --help")
 
 
 def known_hyp_keys() -> set[str]:
@@ -162,7 +157,7 @@ def seed_summary(rows: list[dict]) -> list[str]:
 
 def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
     """The suite's flags and the parsed ``--set`` overrides; any bad flag is a UserError."""
-    p = _ArgumentParser(prog="python benchmarks/very_tiny.py", description=__doc__.splitlines()[0])
+    p = OneLineErrorParser(prog="python benchmarks/very_tiny.py", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=sorted(MODELS) + sorted(ABLATIONS),
                    help="models to train")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")

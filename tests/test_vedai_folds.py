@@ -162,7 +162,7 @@ def fold_data(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("args, message", [
     (["--fold", "11"], "ERROR: --fold 11: this conversion has folds 1-10"),
     (["--fold", "0", "3"], "ERROR: --fold 0: this conversion has folds 1-10"),
-    (["--fold", "x"], "ERROR: vedai_folds.py: argument --fold: invalid int value: 'x'"),
+    (["--fold", "x"], "ERROR: argument --fold: invalid int value: 'x'; see vedai_folds.py --help"),
     (["--", "--data", "x.yaml"], "ERROR: --data after '--': set for each fold by vedai_folds.py"),
 ])
 def test_loop_bad_fold_numbers_exit_2_with_one_line(fold_data, tmp_path, args, message):

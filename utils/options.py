@@ -14,6 +14,16 @@ from utils.errors import UserError
 from utils.logging import LOGGER
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as a UserError (one ERROR line, exit 2) instead of usage text.
+
+    The line ends with ``; see PROG --help`` so the user knows where the flags are listed.
+    """
+
+    def error(self, message):
+        raise UserError(f"{message}; see {self.prog} --help")
+
+
 def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: str, many_weights: bool = True,
                      imgsz_help: str = "image size (pixels)", imgsz_hw: bool = False) -> None:
     """``--weights``, ``--imgsz`` (aliases ``--img``, ``--img-size``), ``--device`` and ``--project/--name/--exist-ok``.

@@ -12,7 +12,6 @@ only (one process per GPU, say); ``--val-only`` trains nothing and summarises th
 under PROJECT. Per-fold figures and the summary go to stdout and PROJECT/folds.csv.
 """
 
-import argparse
 import csv
 import statistics
 import sys
@@ -24,6 +23,7 @@ if str(ROOT) not in sys.path:
 
 from utils.errors import UserError, exit_on_user_error  # noqa: E402  (needs ROOT on sys.path)
 from utils.files import yaml_load  # noqa: E402
+from utils.options import OneLineErrorParser  # noqa: E402
 
 NOT_FOR_TRAIN = {"--data": "set for each fold by vedai_folds.py", "--project": "use vedai_folds.py's --project",
                  "--name": "set for each fold by vedai_folds.py (foldNN)",
@@ -31,18 +31,12 @@ NOT_FOR_TRAIN = {"--data": "set for each fold by vedai_folds.py", "--project": "
                  "--evolve": "not a fold run", "--exist-ok": "vedai_folds.py never reuses a fold folder"}
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
-
-    def error(self, message):
-        raise UserError(f"{self.prog}: {message}")
-
 
 def parse_opt(argv=None):
     """``(options, train.py arguments)``: the arguments after ``--`` are train.py's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = _ArgumentParser(prog="vedai_folds.py", description="Train and validate every fold; mean ± std.")
+    parser = OneLineErrorParser(prog="vedai_folds.py", description="Train and validate every fold; mean ± std.")
     parser.add_argument("--root", required=True, help="the --out folder of 'convert.py vedai --folds N'")
     parser.add_argument("--fold", type=int, nargs="+", default=None, help="fold numbers to run (default: all)")
     parser.add_argument("--project", default=str(ROOT / "runs" / "folds"), help="fold K trains in PROJECT/foldNN")

@@ -4,7 +4,8 @@ import argparse
 import sys
 
 from utils.converters import coco, dota, vedai, visdrone, voc
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import exit_on_user_error
+from utils.options import OneLineErrorParser
 
 FORMATS = {
     "visdrone": (visdrone, "VisDrone2019-DET (annotations/*.txt)"),
@@ -16,17 +17,11 @@ FORMATS = {
 }
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
-
-    def error(self, message):
-        raise UserError(f"{self.prog}: {message}")
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with one sub-command per format."""
-    parser = _ArgumentParser(prog="convert.py", description="Convert a data set you have to YOLO format, offline.")
-    sub = parser.add_subparsers(dest="format", required=True, metavar="FORMAT", parser_class=_ArgumentParser)
+    parser = OneLineErrorParser(prog="convert.py", description="Convert a data set you have to YOLO format, offline.")
+    sub = parser.add_subparsers(dest="format", required=True, metavar="FORMAT", parser_class=OneLineErrorParser)
     for name, (module, text) in FORMATS.items():
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--src", required=True, help="the data set as downloaded (see docs/datasets.md)")
