@@ -96,26 +96,37 @@ def _overlaps(box, boxes, margin=3):
                b[1] < box[3] + margin for b in boxes)
 
 
-def make_image(rng, size=IMG_SIZE, sides=(MIN_SIDE, MAX_SIDE), objects=OBJECTS_PER_IMAGE):
-    """One synthetic image: ``(image (size, size, 3) uint8 BGR, labels (n, 5) [cls, x, y, w, h] normalised)``.
+def place_shapes(im, rng, size, n_objects, sample_side, margin=2) -> np.ndarray:
+    """Draw up to ``n_objects`` shapes into ``im`` in place, ``margin`` px apart; ``(n, 5)`` YOLO labels.
 
-    ``sides`` (min, max) is the object size range in pixels, ``objects`` (min, max) the count per image.
+    ``sample_side(rng)`` gives each object's side in pixels. An object with no free spot after 20
+    tries is left out, so the count can be lower.
     """
-    im = _background(rng, size)
     boxes, labels = [], []
-    for _ in range(rng.integers(objects[0], objects[1] + 1)):
+    for _ in range(n_objects):
         cls = int(rng.integers(0, len(NAMES)))
-        side = float(rng.uniform(sides[0], sides[1]))
+        side = sample_side(rng)
         reach = side * 0.75  # room for a rotated shape's corners
         for _attempt in range(20):  # rejection sampling keeps objects apart
             cx, cy = rng.uniform(reach + 1, size - reach - 1, 2)
-            if not _overlaps((cx - reach, cy - reach, cx + reach, cy + reach), boxes):
+            if not _overlaps((cx - reach, cy - reach, cx + reach, cy + reach), boxes, margin=margin):
                 break
         else:
             continue
         x1, y1, x2, y2 = np.clip(_draw_object(im, rng, cls, cx, cy, side), 0, size)
         boxes.append((cx - reach, cy - reach, cx + reach, cy + reach))
         labels.append((cls, (x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size))
+    return np.array(labels, dtype=np.float64).reshape(-1, 5)
+
+
+def make_image(rng, size=IMG_SIZE, sides=(MIN_SIDE, MAX_SIDE), objects=OBJECTS_PER_IMAGE):
+    """One synthetic image: ``(image (size, size, 3) uint8 BGR, labels (n, 5) [cls, x, y, w, h] normalised)``.
+
+    ``sides`` (min, max) is the object size range in pixels, ``objects`` (min, max) the count per image.
+    """
+    im = _background(rng, size)
+    n_objects = rng.integers(objects[0], objects[1] + 1)
+    labels = place_shapes(im, rng, size, n_objects, lambda r: float(r.uniform(sides[0], sides[1])), margin=3)
     im += rng.normal(0.0, rng.uniform(4, 14), im.shape).astype(np.float32)  # sensor noise over everything
     return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
 

@@ -30,22 +30,11 @@ def make_tiny_image(rng, size=IMG_SIZE):
     similar share of boxes.
     """
     im = make_shapes._background(rng, size)
-    boxes, labels = [], []
-    for _ in range(rng.integers(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1)):
-        cls = int(rng.integers(0, len(NAMES)))
-        side = float(np.exp(rng.uniform(np.log(MIN_SIDE), np.log(MAX_SIDE))))
-        reach = side * 0.75
-        for _attempt in range(20):
-            cx, cy = rng.uniform(reach + 1, size - reach - 1, 2)
-            if not make_shapes._overlaps((cx - reach, cy - reach, cx + reach, cy + reach), boxes, margin=2):
-                break
-        else:
-            continue
-        x1, y1, x2, y2 = np.clip(make_shapes._draw_object(im, rng, cls, cx, cy, side), 0, size)
-        boxes.append((cx - reach, cy - reach, cx + reach, cy + reach))
-        labels.append((cls, (x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size))
+    n_objects = rng.integers(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1)
+    labels = make_shapes.place_shapes(im, rng, size, n_objects,
+                                      lambda r: float(np.exp(r.uniform(np.log(MIN_SIDE), np.log(MAX_SIDE)))))
     im += rng.normal(0.0, rng.uniform(4, 12), im.shape).astype(np.float32)
-    return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
+    return np.clip(im, 0, 255).astype(np.uint8), labels
 
 
 def make_tiny_shapes(root=DEFAULT_ROOT, n_train=128, n_val=64, seed=0, size=IMG_SIZE) -> Path:

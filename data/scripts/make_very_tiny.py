@@ -71,22 +71,9 @@ def make_very_tiny_image(rng, size=IMG_SIZE, objects=OBJECTS_PER_IMAGE):
     """
     im = make_shapes._background(rng, size)
     add_clutter(im, rng, size)
-    boxes, labels = [], []
-    for _ in range(rng.integers(objects[0], objects[1] + 1)):
-        cls = int(rng.integers(0, len(NAMES)))
-        side = log_side(rng)
-        reach = side * 0.75  # room for a rotated shape's corners
-        for _attempt in range(20):
-            cx, cy = rng.uniform(reach + 1, size - reach - 1, 2)
-            if not make_shapes._overlaps((cx - reach, cy - reach, cx + reach, cy + reach), boxes, margin=2):
-                break
-        else:
-            continue
-        x1, y1, x2, y2 = make_shapes._draw_object(im, rng, cls, cx, cy, side)
-        boxes.append((cx - reach, cy - reach, cx + reach, cy + reach))
-        labels.append((cls, (x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size))
+    labels = make_shapes.place_shapes(im, rng, size, rng.integers(objects[0], objects[1] + 1), log_side)
     im += rng.normal(0.0, rng.uniform(3, 8), im.shape).astype(np.float32)  # milder noise: 2-px objects survive
-    return np.clip(im, 0, 255).astype(np.uint8), np.array(labels, dtype=np.float64).reshape(-1, 5)
+    return np.clip(im, 0, 255).astype(np.uint8), labels
 
 
 def make_very_tiny(root=DEFAULT_ROOT, n_train=64, n_val=16, seed=0, **image_options) -> Path:
