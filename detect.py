@@ -30,7 +30,6 @@ if str(ROOT) not in sys.path:
 
 from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
 from models.experimental import tta_forward  # noqa: E402
-from utils.augmentations import letterbox  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
@@ -38,38 +37,10 @@ from utils.options import OptionRules, add_shared_flags, check_options  # noqa: 
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
-from utils.dataset.sources import LoadImages  # noqa: E402
+from utils.dataset.sources import LoadImages, Webcam  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 CSV_HEADER = ["image", "frame", "class", "name", "confidence", "x1", "y1", "x2", "y2"]
-
-
-class Webcam:
-    """Frames from camera ``index`` as LoadImages-style tuples (path, im (3, h, w) RGB, im0 BGR, cap, s)."""
-
-    def __init__(self, index, img_size, stride, vid_stride=1):
-        self.cap = cv2.VideoCapture(index)
-        if not self.cap.isOpened():
-            raise UserError(f"--source {index}: no camera with index {index} could be opened; "
-                            "attach one or pass an image, folder, video or .txt list")
-        self.path, self.img_size, self.stride = f"webcam{index}", img_size, stride
-        self.vid_stride = max(int(vid_stride), 1)
-        self.mode, self.frame = "stream", 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        for _ in range(self.vid_stride - 1):
-            self.cap.grab()
-        ok, im0 = self.cap.read()
-        if not ok:
-            self.cap.release()
-            raise StopIteration
-        self.frame += 1
-        im = letterbox(im0, self.img_size, stride=self.stride, auto=True)[0]
-        im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])
-        return self.path, im, im0, self.cap, f"{self.path} frame {self.frame}: "
 
 
 class VideoSink:

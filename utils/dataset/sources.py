@@ -1,10 +1,11 @@
-"""Inference sources for detect.py: images and videos from a file, folder, glob or .txt list."""
+"""Inference sources for detect.py: images and videos from a file, folder, glob or .txt list, and webcams."""
 
 import glob
 import os
 from pathlib import Path
 
 import cv2
+import numpy as np
 
 from utils.augmentations import letterbox
 from utils.errors import UserError
@@ -99,3 +100,31 @@ class LoadImages:
 
     def __len__(self):
         return self.nf
+
+
+class Webcam:
+    """Frames from camera ``index`` as LoadImages-style tuples (path, im (3, h, w) RGB, im0 BGR, cap, s)."""
+
+    def __init__(self, index, img_size, stride, vid_stride=1):
+        self.cap = cv2.VideoCapture(index)
+        if not self.cap.isOpened():
+            raise UserError(f"--source {index}: no camera with index {index} could be opened; "
+                            "attach one or pass an image, folder, video or .txt list")
+        self.path, self.img_size, self.stride = f"webcam{index}", img_size, stride
+        self.vid_stride = max(int(vid_stride), 1)
+        self.mode, self.frame = "stream", 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        for _ in range(self.vid_stride - 1):
+            self.cap.grab()
+        ok, im0 = self.cap.read()
+        if not ok:
+            self.cap.release()
+            raise StopIteration
+        self.frame += 1
+        im = letterbox(im0, self.img_size, stride=self.stride, auto=True)[0]
+        im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])
+        return self.path, im, im0, self.cap, f"{self.path} frame {self.frame}: "
