@@ -2,12 +2,8 @@
 
 A checkpoint is a dict of tensors, numbers, strings, lists and dicts only (no
 pickled classes), so ``torch.load(path, weights_only=True)`` can read it and a
-malicious file cannot run code. Keys written by train.py:
-
-``model_cfg`` (the model YAML dict), ``nc``, ``names``, ``model`` (state dict),
-``ema`` (state dict or None), ``updates``, ``optimizer``, ``scaler``, ``epoch``,
-``batch_in_epoch``, ``best_fitness``, ``stopper``, ``opt``, ``hyp``, ``rng``,
-``date``, ``versions``.
+malicious file cannot run code. The keys train.py writes are defined in one place,
+:func:`utils.training.run_state.training_state`; ``REQUIRED_KEYS`` are the ones every reader needs.
 """
 
 import hashlib
