@@ -12,6 +12,9 @@ later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's).
     python benchmarks/accuracy.py --jobs 2                       # the full matrix (docs/accuracy.md)
     python benchmarks/accuracy.py --kinds glyphs --sizes 256 --seeds 0 --epochs 30
 
+With ``--out DIR`` finished runs are kept and reused: the same command continues an interrupted
+matrix, and ``--report-only`` prints the table of the runs finished so far without training.
+
 Runs go to separate processes with one thread each (``--jobs`` at a time): on a 2-core machine
 two one-thread runs finish sooner than one two-thread run. Accuracy columns do not depend on
 ``--jobs`` or machine load; the s/epoch column does.
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
+import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
@@ -74,24 +78,55 @@ def size_band_ap(weights: Path, data_yaml: Path, imgsz: int, out: Path) -> dict:
     return bands
 
 
+def run_name(job: dict) -> str:
+    return f"{job['kind']}-{job['size']}-s{job['seed']}-{job['model']}"
+
+
+def finished_row(job: dict) -> dict | None:
+    """The row of a run that already finished under ``--out``: saved by :func:`train_one`, or rebuilt
+    from a complete run folder (all epochs in results.csv, last.pt present) with s/epoch unknown."""
+    run_dir = Path(job["out"]) / "runs" / run_name(job)
+    if (run_dir / "row.json").exists():
+        return json.loads((run_dir / "row.json").read_text())
+    csv_path, last = run_dir / "results.csv", run_dir / "weights" / "last.pt"
+    if not (csv_path.exists() and last.exists()):
+        return None
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if len(rows) < job["opt"]["epochs"]:
+        return None
+    return {**{k: job[k] for k in ("kind", "size", "seed", "model")}, "map50": float(rows[-1]["metrics/mAP_0.5"]),
+            "map": float(rows[-1]["metrics/mAP_0.5:0.95"]),
+            "bands": size_band_ap(last, Path(job["data"]), job["size"], Path(job["out"])),
+            **read_curve(csv_path), "s_per_epoch": None}
+
+
 def train_one(job: dict) -> dict:
-    """Train one model in one cell (runs in a worker process); return its row of the table."""
+    """Train one model in one cell (runs in a worker process); return its row of the table.
+
+    A run that already finished under the same ``--out`` is not trained again, so an interrupted
+    matrix continues where it stopped.
+    """
     import torch
 
     import train
 
+    row = finished_row(job)
+    if row is not None:
+        return row
     torch.set_num_threads(1)
     out, opt = Path(job["out"]), job["opt"]
-    name = f"{job['kind']}-{job['size']}-s{job['seed']}-{job['model']}"
     t0 = time.perf_counter()
     results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
                         batch_size=opt["batch_size"], workers=0, seed=job["seed"], project=str(out / "runs"),
-                        name=name, exist_ok=True, noplots=True, hyp=opt["hyp"])
+                        name=run_name(job), exist_ok=True, noplots=True, hyp=opt["hyp"])
     seconds = time.perf_counter() - t0
-    run_dir = out / "runs" / name
-    return {**{k: job[k] for k in ("kind", "size", "seed", "model")}, "map50": results[2], "map": results[3],
-            "bands": size_band_ap(run_dir / "weights" / "last.pt", Path(job["data"]), job["size"], out),
-            **read_curve(run_dir / "results.csv"), "s_per_epoch": seconds / opt["epochs"]}
+    run_dir = out / "runs" / run_name(job)
+    row = {**{k: job[k] for k in ("kind", "size", "seed", "model")}, "map50": results[2], "map": results[3],
+           "bands": size_band_ap(run_dir / "weights" / "last.pt", Path(job["data"]), job["size"], out),
+           **read_curve(run_dir / "results.csv"), "s_per_epoch": seconds / opt["epochs"]}
+    (run_dir / "row.json").write_text(json.dumps(row))
+    return row
 
 
 def format_table(rows: list[dict]) -> str:
@@ -102,7 +137,7 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         cells = [r["kind"], str(r["size"]), str(r["seed"]), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
                  *(f"{r['bands'][b]['map']:.3f}" for b in BANDS), str(r["first"] or "never"),
-                 f"{r['box0']:.3f} → {r['box1']:.3f}", f"{r['s_per_epoch']:.1f}"]
+                 f"{r['box0']:.3f} → {r['box1']:.3f}", "-" if r["s_per_epoch"] is None else f"{r['s_per_epoch']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -156,8 +191,14 @@ def parse_opt(argv=None) -> argparse.Namespace:
     p.add_argument("--n-val", type=int, default=48, help="generated validation images per cell")
     p.add_argument("--hyp", type=Path, default=ROOT / "data" / "hyps" / "hyp.scratch-low.yaml")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
-    p.add_argument("--out", type=Path, default=None, help="keep data and runs here (default: a temporary folder)")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None,
+                   help="keep data and runs here (default: a temporary folder); finished runs there are reused")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: report the runs that finished under --out (an interrupted or running matrix)")
+    opt = p.parse_args(argv)
+    if opt.report_only and opt.out is None:
+        p.error("--report-only needs --out, the folder of the matrix to report")
+    return opt
 
 
 def main(argv=None) -> str:
@@ -167,8 +208,11 @@ def main(argv=None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = (opt.out or Path(tmp)).resolve()
         jobs = jobs_for(opt, out)
-        with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = list(pool.map(train_one, jobs))
+        if opt.report_only:
+            rows = [row for row in map(finished_row, jobs) if row is not None]
+        else:
+            with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                rows = list(pool.map(train_one, jobs))
     report = "\n".join([format_table(rows), "", *target_verdicts(rows)])
     print(f"\nbenchmarks/accuracy.py --epochs {opt.epochs} --batch-size {opt.batch_size} --n-train {opt.n_train} "
           f"--n-val {opt.n_val} --kinds {' '.join(opt.kinds)} --sizes {' '.join(map(str, opt.sizes))} "

@@ -85,3 +85,34 @@ def test_read_curve_finds_first_epoch_above_the_start_threshold(tmp_path):
     csv_file = tmp_path / "results.csv"
     csv_file.write_text("epoch,train/box_loss,metrics/mAP_0.5\n0,0.13,0.0\n1,0.12,0.0009\n2,0.11,0.002\n3,0.10,0.0\n")
     assert read_curve(csv_file) == {"first": 3, "box0": 0.13, "box1": 0.10}
+
+
+def _job(out, epochs=3):
+    return {"kind": "shapes", "size": 160, "seed": 1, "model": "yolov5n", "out": str(out), "data": "unused.yaml",
+            "opt": {"epochs": epochs}}
+
+
+def test_finished_row_reuses_a_saved_row_and_skips_unfinished_runs(tmp_path):
+    import json
+
+    from benchmarks.accuracy import finished_row, run_name
+
+    job = _job(tmp_path)
+    run_dir = tmp_path / "runs" / run_name(job)
+    assert finished_row(job) is None  # nothing there yet: the run must be trained
+    (run_dir / "weights").mkdir(parents=True)
+    (run_dir / "weights" / "last.pt").write_bytes(b"")
+    (run_dir / "results.csv").write_text("epoch,train/box_loss,metrics/mAP_0.5,metrics/mAP_0.5:0.95\n0,0.1,0,0\n")
+    assert finished_row(job) is None  # 1 of 3 epochs: interrupted, train again
+    saved = {"model": "yolov5n", "map": 0.25}
+    (run_dir / "row.json").write_text(json.dumps(saved))
+    assert finished_row(job) == saved
+
+
+def test_report_only_needs_the_matrix_folder(capsys):
+    from benchmarks.accuracy import parse_opt
+
+    with pytest.raises(SystemExit):
+        parse_opt(["--report-only"])
+    assert "--report-only needs --out" in capsys.readouterr().err
+    assert parse_opt(["--report-only", "--out", "m"]).report_only
