@@ -283,7 +283,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     amp = check_amp(model)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
-    opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid_size, resume_ckpt)
+    opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid_size, resume_ckpt, opt.rect)
     audit = run_start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it

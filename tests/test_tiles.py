@@ -140,10 +140,11 @@ def test_flag_wins_over_the_yaml_key_and_a_resume_reads_only_its_flag():
     (None, "640", "d.yaml: train_tiles '640': must be a positive"),
     (None, True, "d.yaml: train_tiles True: must be a positive"),
     (None, 48, "d.yaml: train_tiles 48: must be a multiple"),
+    (64, None, "--train-tiles 64: cannot be combined with --rect"),
 ])
 def test_bad_tile_sizes_are_user_errors_naming_the_flag_or_key(flag, yaml_value, needle):
     with pytest.raises(UserError) as e:
-        resolve_tile_size(flag, {"train_tiles": yaml_value, "yaml_file": "d.yaml"}, 32)
+        resolve_tile_size(flag, {"train_tiles": yaml_value, "yaml_file": "d.yaml"}, 32, rect=flag == 64)
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 

@@ -124,13 +124,13 @@ def anchor_scale(shapes, size):
     return shapes.max(1, keepdims=True) / size
 
 
-def resolve_tile_size(flag, data, stride, resume_ckpt=None):
+def resolve_tile_size(flag, data, stride, resume_ckpt=None, rect=False):
     """The tile side for training: ``--train-tiles`` when given, else ``train_tiles`` of the data set
     dict ``data`` (from check_dataset), else None.
 
     A resumed run (``resume_ckpt`` given) reads only its recorded flag, so it keeps its tiles even if
-    the YAML changed since. Must be a positive multiple of ``stride``; anything else is a UserError
-    naming the flag or the YAML key.
+    the YAML changed since. Must be a positive multiple of ``stride`` and not meet ``rect``; anything
+    else is a UserError naming the flag or the YAML key.
     """
     yaml_value = None if resume_ckpt is not None else data.get("train_tiles")
     source = f"--train-tiles {flag}" if flag is not None else f"{data.get('yaml_file')}: train_tiles {yaml_value!r}"
@@ -144,4 +144,6 @@ def resolve_tile_size(flag, data, stride, resume_ckpt=None):
         nearest = sorted({max(value // stride, 1) * stride, math.ceil(value / stride) * stride})
         raise UserError(f"{source}: must be a multiple of the model stride {stride}, e.g. "
                         f"{' or '.join(map(str, nearest))}")
+    if rect:
+        raise UserError(f"{source}: cannot be combined with --rect (tiles are square); drop one of them")
     return int(value)
