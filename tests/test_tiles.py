@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from utils.autoanchor import dataset_box_sizes
 from utils.dataloaders import LoadImagesAndLabels, create_dataloader
 from utils.dataset.tiles import (MIN_VISIBILITY, anchor_scale, crop_labels, letterbox_tile, resolve_tile_size,
                                  sample_tile, tile_window)
@@ -119,6 +120,15 @@ def test_letterbox_tile_pads_and_never_enlarges():
 def test_anchor_scale_is_long_side_over_tile():
     np.testing.assert_array_equal(anchor_scale([[1024, 512], [100, 200]], 256), [[4.0], [200 / 256]])
     assert anchor_scale([[1024, 512]], None) is None
+
+
+def test_autoanchor_sees_boxes_at_tile_scale(tmp_path):
+    images = make_large_dataset(tmp_path, n=2)
+    ds = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, train_tiles=128)
+    wh = dataset_box_sizes(ds, 64, anchor_scale(ds.shapes, 128))
+    original = np.concatenate([lb[:, 3:5] for lb in ds.labels]) * 256
+    np.testing.assert_allclose(wh, original / 2)  # 128 px tiles shown at 64 px: half the original size
+    np.testing.assert_allclose(dataset_box_sizes(ds, 64), original / 4)  # whole images would shrink 4x
 
 
 # ---------------------------------------------------------------- the setting: flag, YAML key, errors
