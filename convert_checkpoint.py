@@ -1,11 +1,13 @@
 """Convert an upstream YOLOv5 (v6/v7) or FFCA-YOLO pickled checkpoint into this project's plain checkpoint.
 
-    python convert_checkpoint.py yolov5s.pt converted.pt    
+    python convert_checkpoint.py yolov5s.pt converted.pt
+    python convert_checkpoint.py authors.pt fixed.pt --fixed-ffm   # then fine-tune: train.py --weights fixed.pt
 
 No code from the source file runs (see utils/convert_checkpoint.py); the model is rebuilt from the
 model YAML stored in it, every tensor must be used, and the result loads with weights_only=True.
 FFM layers of a checkpoint trained with FFCA-YOLO's own code keep the authors' FFM arithmetic;
-one log line says which arithmetic each FFM layer kept (docs/export.md).
+one log line says which arithmetic each FFM layer kept (docs/export.md). ``--fixed-ffm`` writes this
+project's FFM arithmetic instead, a starting point for fine-tuning rather than a copy of the authors' model.
 """
 
 import argparse
@@ -25,13 +27,15 @@ def parse_opt(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", help="upstream YOLOv5 v6/v7 or FFCA-YOLO checkpoint (.pt)")
     parser.add_argument("dst", help="plain checkpoint to write (.pt)")
+    parser.add_argument("--fixed-ffm", action="store_true", help="write every FFM layer in this project's fixed "
+                                                                  "arithmetic, to fine-tune (docs/export.md)")
     return parser.parse_args(argv)
 
 
 @exit_on_user_error
 def main(argv=None):
     opt = parse_opt(argv)
-    convert(opt.src, opt.dst, Model)
+    convert(opt.src, opt.dst, Model, fixed_ffm=opt.fixed_ffm)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, chec
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group)
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
 from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
 from utils.training.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
@@ -172,7 +173,7 @@ def load_hyp(opt) -> dict:
     if missing:
         raise UserError(f"--hyp {opt.hyp}: missing or non-numeric {', '.join(missing)}; see {DEFAULT_HYP.name}")
     hyp["label_smoothing"] = opt.label_smoothing  # the flag wins, as in YOLOv5
-    return hyp
+    return with_extra_hyp(hyp, f"--hyp {opt.hyp}")
 
 
 # ---------------------------------------------------------------------------------------- build
@@ -295,6 +296,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     ctx.train_loader, dataset, ctx.val_loader = build_loaders(ctx, hyp, grid_size)
     if resume_ckpt is None:
         prepare_new_run(dataset, model, hyp, ctx)
+        hyp = resolve_nwd_constant(hyp, dataset.labels, dataset.shapes, imgsz, dist.is_main and save_dir / "hyp.yaml")
 
     loop = TrainLoop(ctx, model, hyp, amp)
     ctx.results_log = ResultsLog(save_dir / "results.csv", tensorboard=dist.is_main and not opt.evolve)

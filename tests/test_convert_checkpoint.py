@@ -211,6 +211,27 @@ def test_authors_checkpoint_converts_to_the_authors_outputs(ffm_weights, tiny_cf
         assert (finetuned.eval()(x)[0] - ref).abs().max() <= 1e-5 * ref.abs().max()  # train.py --weights
 
 
+def test_fixed_ffm_option_keeps_the_weights_and_switches_every_ffm_row(tiny_cfg, tmp_path, monkeypatch, log_lines):
+    """--fixed-ffm: the same tensors, FFM rows [1, fixed], the switch logged and recorded; outputs then differ."""
+    src = tmp_path / "authors.pt"
+    authors = authors_checkpoint(tiny_cfg, src, lambda n: torch.rand(n) * 1.8 + 0.2, monkeypatch)
+    kept = convert(src, tmp_path / "kept.pt", Model)
+    main([str(src), str(tmp_path / "fixed.pt"), "--fixed-ffm"])
+    fixed = load_checkpoint(tmp_path / "fixed.pt")
+    assert [row[3] for row in fixed["model_cfg"]["head"] if row[2].startswith("FFM")] == [[1, "fixed"]] * 4
+    assert fixed["converted_from"]["ffm_switched_to_fixed"] == [10, 13, 16, 19]
+    assert kept["converted_from"]["ffm_switched_to_fixed"] == []
+    assert fixed["model"].keys() == kept["model"].keys()
+    assert all(torch.equal(fixed["model"][k], kept["model"][k]) for k in kept["model"])
+    warned = [line for line in log_lines if "--fixed-ffm" in line]
+    assert len(warned) == 1 and "[10, 13, 16, 19]" in warned[0] and f"--weights {tmp_path / 'fixed.pt'}" in warned[0]
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = authors(x)[0]
+        out = attempt_load(tmp_path / "fixed.pt", fuse=False)(x)[0]
+    assert (out - ref).abs().max() > 0.1 * ref.abs().max()
+
+
 def test_match_weights_by_order_and_shape_within_a_layer():
     expected = {"model.0.a.weight": torch.zeros(2, 3), "model.0.b.weight": torch.zeros(4)}
     renamed = {"model.0.x.weight": torch.ones(2, 3), "model.0.y.weight": torch.full((4,), 2.0)}

@@ -7,7 +7,7 @@ import torch
 
 from models.yolo import Model
 from utils.errors import UserError
-from utils.loss import ComputeLoss, FocalLoss, smooth_BCE
+from utils.loss import ComputeLoss, FocalLoss, objectness_balance, smooth_BCE
 
 TINY_CFG = {
     "nc": 2, "depth_multiple": 0.33, "width_multiple": 0.125,
@@ -138,3 +138,27 @@ def test_missing_hyperparameters_are_a_user_error(model):
     del model.hyp
     with pytest.raises(UserError, match="hyp"):
         ComputeLoss(model)
+
+
+def test_objectness_balance_keeps_yolov5_weights_at_strides_8_16_32():
+    assert objectness_balance([8, 16, 32]) == objectness_balance([8, 16, 32], by_stride=False) == [4.0, 1.0, 0.4]
+    assert objectness_balance([4, 8, 16], by_stride=False) == [4.0, 1.0, 0.4]
+
+
+def test_objectness_balance_gives_a_positive_the_same_pull_at_strides_4_8_16():
+    # objectness is a mean over na * (imgsz / s) ** 2 slots per level: weight / slots must not depend on s
+    imgsz, na = 256, 3
+    pulls = [w / (na * (imgsz / s) ** 2) for w, s in zip(objectness_balance([4, 8, 16]), [4, 8, 16])]
+    assert pulls == pytest.approx([pulls[0]] * 3)
+    assert objectness_balance([4])[0] == 4 * objectness_balance([8])[0]
+
+
+def test_loss_weights_a_stride_4_level_by_its_stride_not_its_position():
+    cfg = copy.deepcopy(TINY_CFG)
+    cfg["head"] = [[[2, 4], 1, "Detect", ["nc", "anchors"]]]
+    model = Model(cfg)
+    model.hyp = dict(HYP)
+    assert model.stride.tolist() == [4.0, 8.0]
+    assert ComputeLoss(model).balance == [4.0, 1.0]  # a hyp without the key keeps YOLOv5's list
+    model.hyp["obj_balance_by_stride"] = 1
+    assert ComputeLoss(model).balance == [16.0, 4.0]

@@ -99,14 +99,16 @@ def test_detect_missing_source_leaves_no_folder(tmp_path, capsys, tiny_cfg, monk
     (["--evolve", "1", "--resume", "last.pt"], "--resume last.pt does not apply to --evolve"),
     (["--hyp", "{no_lr0}"], "missing or non-numeric lr0"),
     (["--hyp", "{a_list}"], "expected a mapping"),
+    (["--hyp", "{bad_nwd}"], "nwd=2.0 must be a number in [0.0, 1.0]"),
 ])
 def test_train_refuses_before_making_a_run_folder(flags, message, tiny_cfg, shapes_data, tmp_path, capsys,
                                                   monkeypatch):
-    no_lr0, a_list = tmp_path / "no_lr0.yaml", tmp_path / "list.yaml"
+    no_lr0, a_list, bad_nwd = tmp_path / "no_lr0.yaml", tmp_path / "list.yaml", tmp_path / "bad_nwd.yaml"
     hyp = (train.ROOT / "data/hyps/hyp.scratch-low.yaml").read_text()
     no_lr0.write_text("\n".join(line for line in hyp.splitlines() if not line.startswith("lr0:")))
     a_list.write_text("- 1\n- 2\n")
-    flags = [f.format(no_lr0=no_lr0, a_list=a_list) for f in flags]
+    bad_nwd.write_text(hyp.replace("\nnwd: 0.0", "\nnwd: 2.0"))
+    flags = [f.format(no_lr0=no_lr0, a_list=a_list, bad_nwd=bad_nwd) for f in flags]
     project = tmp_path / "runs"
     monkeypatch.setattr(sys, "argv", ["train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--project",
                                       str(project), "--device", "cpu", "--epochs", "1", "--imgsz", "64", *flags])

@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 
 PAD_COLOUR = (114, 114, 114)  # YOLOv5's letterbox / mosaic fill grey
+PASTE_SMALL_PX = 32  # copy_paste_small copies objects with sqrt(w * h) below this (COCO's "small")
+PASTE_FEATHER_PX = 2  # width of a pasted patch's alpha ramp outside its box
+PASTE_TRIES = 20  # random spots tried per copied object
 
 
 def letterbox(im, new_shape=(640, 640), color=PAD_COLOUR, auto=True, scaleFill=False, scaleup=True, stride=32):
@@ -74,8 +77,10 @@ def apply_hsv(im, lut, dst=None):
 def box_candidates(box1, box2, wh_thr=2, ar_thr=100, area_thr=0.1, eps=1e-16):
     """Which boxes survive augmentation: (n,) bool for ``box1`` before and ``box2`` after, both (4, n) xyxy.
 
-    A box is kept when it is wider and taller than ``wh_thr`` pixels, keeps more than ``area_thr``
-    of its (scaled) area and has an aspect ratio below ``ar_thr``.
+    A box is kept when it is wider and taller than ``wh_thr`` pixels (the ``min_box_px`` hyp), keeps
+    more than ``area_thr`` of its (scaled) area and has an aspect ratio below ``ar_thr``. Callers pass
+    ``box1`` already multiplied by the warp's scale gain, so shrinking alone never trips the area rule
+    (a box halved by ``scale`` keeps ratio 1, not 0.25); only clipping and rotation hulls move it.
     """
     w1, h1 = box1[2] - box1[0], box1[3] - box1[1]
     w2, h2 = box2[2] - box2[0], box2[3] - box2[1]
@@ -122,25 +127,25 @@ def _transform_boxes(boxes, M, width, height, perspective):
     return new
 
 
-def _warp_targets(targets, M, s, width, height, perspective):
-    """Move (n, 5) ``[cls, x1, y1, x2, y2]`` through ``M`` and keep YOLOv5's box candidates."""
+def _warp_targets(targets, M, s, width, height, perspective, min_box_px=2.0):
+    """Move (n, 5) ``[cls, x1, y1, x2, y2]`` through ``M`` and keep the box candidates (sides > ``min_box_px``)."""
     if not len(targets):
         return targets
     new = _transform_boxes(targets[:, 1:5], M, width, height, perspective)
-    keep = box_candidates(box1=targets[:, 1:5].T * s, box2=new.T, area_thr=0.10)
+    keep = box_candidates(box1=targets[:, 1:5].T * s, box2=new.T, wh_thr=min_box_px, area_thr=0.10)
     targets = targets[keep]
     targets[:, 1:5] = new[keep]
     return targets
 
 
 def random_perspective(im, targets, rng, degrees=10, translate=0.1, scale=0.1, shear=10, perspective=0.0,
-                       border=(0, 0)):
+                       border=(0, 0), min_box_px=2.0):
     """Random rotation, scale, shear, translation and perspective of ``im`` and its ``targets``.
 
     ``targets`` is (n, 5) ``[cls, x1, y1, x2, y2]`` in pixels of ``im``. A negative ``border``
     crops the output to the input size plus twice the border. Returns ``(image, targets)``; boxes
     are clipped to the output and YOLOv5's candidate rule drops those that became too small, too
-    thin or lost most of their area. Classes are unchanged.
+    thin or lost most of their area (:func:`box_candidates`, sides > ``min_box_px``). Classes are unchanged.
     """
     height = im.shape[0] + border[0] * 2
     width = im.shape[1] + border[1] * 2
@@ -150,7 +155,7 @@ def random_perspective(im, targets, rng, degrees=10, translate=0.1, scale=0.1, s
             im = cv2.warpPerspective(im, M, dsize=(width, height), borderValue=PAD_COLOUR)
         else:
             im = cv2.warpAffine(im, M[:2], dsize=(width, height), borderValue=PAD_COLOUR)
-    return im, _warp_targets(targets, M, s, width, height, perspective)
+    return im, _warp_targets(targets, M, s, width, height, perspective, min_box_px)
 
 
 def _tile_placement(i, xc, yc, w, h, canvas):
@@ -225,7 +230,7 @@ def _warp_tile(out, im, size, rect, first, M, perspective):
 
 
 def mosaic(images, sizes, labels, img_size, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
-           perspective=0.0, fill=PAD_COLOUR[0]):
+           perspective=0.0, fill=PAD_COLOUR[0], min_box_px=2.0):
     """YOLOv5's 4-image mosaic followed by :func:`random_perspective`, rendered in one pass.
 
     The four images, resized to ``sizes`` (h, w) (long side ``img_size``), are tiled around a random
@@ -233,7 +238,8 @@ def mosaic(images, sizes, labels, img_size, rng, degrees=0.0, translate=0.1, sca
     ``-img_size // 2``. Instead of building the canvas, each original image is warped once, straight
     into its part of the output: same geometry, one interpolation, a fraction of the pixel work.
     ``images``: four HWC uint8 originals; ``labels``: four (n_i, 5) ``[cls, x1, y1, x2, y2]`` in
-    pixels of the resized images; ``fill`` is the grey level outside the canvas.
+    pixels of the resized images; ``fill`` is the grey level outside the canvas; boxes must stay wider and
+    taller than ``min_box_px`` to be kept.
     Returns ``(image (s, s, c) uint8, labels (n, 5) xyxy pixels)``.
     """
     s = img_size
@@ -251,7 +257,7 @@ def mosaic(images, sizes, labels, img_size, rng, degrees=0.0, translate=0.1, sca
         canvas_labels.append(shifted)
     targets = np.concatenate(canvas_labels, 0)
     targets[:, 1:] = targets[:, 1:].clip(0, canvas)
-    return out, _warp_targets(targets, M, gain, s, s, perspective)
+    return out, _warp_targets(targets, M, gain, s, s, perspective, min_box_px)
 
 
 def mixup(im, labels, im2, labels2, rng):
@@ -262,6 +268,69 @@ def mixup(im, labels, im2, labels2, rng):
     r = rng.beta(32.0, 32.0)
     blended = cv2.addWeighted(im, r, im2, 1.0 - r, 0.0)
     return blended, np.concatenate((labels, labels2), 0)
+
+
+def paste_small_objects(im, labels, rng, p, tries=PASTE_TRIES):
+    """Box-level copy-paste: with probability ``p``, one copy of each small object pasted onto a free spot.
+
+    ``im`` (h, w, c) uint8 is written in place; ``labels`` (n, 5) ``[cls, x1, y1, x2, y2]`` pixels.
+    Small means ``sqrt(w * h) <`` :data:`PASTE_SMALL_PX` (COCO's small). A copy is the box's pixels
+    plus a :data:`PASTE_FEATHER_PX` margin whose alpha falls from 1 at the box edge to 0, moved by
+    whole pixels (so its label is exact) to the first of ``tries`` random spots where the whole patch
+    stays inside the image and off every box, earlier copies included; an object with no free spot
+    is not copied. Copies read the image as it was before any paste. Every draw comes from ``rng``.
+    Returns ``(im, labels (n + pasted, 5))``.
+    """
+    if not len(labels) or rng.random() >= p:
+        return im, labels
+    boxes = labels[:, 1:5]
+    sizes = np.sqrt(np.clip(boxes[:, 2] - boxes[:, 0], 0, None) * np.clip(boxes[:, 3] - boxes[:, 1], 0, None))
+    small = np.flatnonzero((sizes > 0) & (sizes < PASTE_SMALL_PX))
+    source, occupied, pasted = im.copy(), [boxes], []
+    for j in rng.permutation(small).tolist():
+        patch, alpha, origin = _feathered_patch(source, boxes[j])
+        spot = _free_spot(rng, patch.shape[:2], im.shape[:2], np.concatenate(occupied), tries)
+        if spot is None:
+            continue
+        (tx, ty), (ph, pw) = spot, patch.shape[:2]
+        background = im[ty:ty + ph, tx:tx + pw].astype(np.float32)
+        blended = alpha * patch.astype(np.float32) + (1 - alpha) * background
+        im[ty:ty + ph, tx:tx + pw] = np.round(blended).astype(np.uint8)
+        new = labels[j].copy()
+        new[[1, 3]] += tx - origin[0]
+        new[[2, 4]] += ty - origin[1]
+        pasted.append(new)
+        occupied.append(new[None, 1:5])
+    return im, np.concatenate((labels, np.array(pasted).reshape(-1, labels.shape[1])), 0)
+
+
+def _feathered_patch(im, box):
+    """Pixels of ``box`` (4,) xyxy plus the feather margin, clipped to ``im`` -> (patch, alpha (ph, pw, 1), (x0, y0)).
+
+    Alpha is 1 for pixel centres inside the box and falls linearly to 0 at the feather distance outside it.
+    """
+    h, w = im.shape[:2]
+    x0, y0 = max(math.floor(box[0]) - PASTE_FEATHER_PX, 0), max(math.floor(box[1]) - PASTE_FEATHER_PX, 0)
+    x1, y1 = min(math.ceil(box[2]) + PASTE_FEATHER_PX, w), min(math.ceil(box[3]) + PASTE_FEATHER_PX, h)
+    cx, cy = np.arange(x0, x1) + 0.5, np.arange(y0, y1) + 0.5
+    dx = np.maximum(np.maximum(box[0] - cx, cx - box[2]), 0)
+    dy = np.maximum(np.maximum(box[1] - cy, cy - box[3]), 0)
+    ax, ay = (np.clip(1 - d / PASTE_FEATHER_PX, 0, 1).astype(np.float32) for d in (dx, dy))
+    alpha = (ay[:, None] * ax[None, :])[..., None]
+    return im[y0:y1, x0:x1], alpha, (x0, y0)
+
+
+def _free_spot(rng, patch_hw, image_hw, occupied, tries):
+    """Top-left (x, y) of the first of ``tries`` random placements of a ``patch_hw`` patch inside ``image_hw``
+    that overlaps none of the ``occupied`` (k, 4) xyxy boxes; None when every try overlaps or it cannot fit."""
+    (ph, pw), (h, w) = patch_hw, image_hw
+    if ph > h or pw > w:
+        return None
+    xs, ys = rng.integers(0, w - pw + 1, size=tries), rng.integers(0, h - ph + 1, size=tries)
+    overlap = ((xs[:, None] < occupied[None, :, 2]) & (occupied[None, :, 0] < xs[:, None] + pw) &
+               (ys[:, None] < occupied[None, :, 3]) & (occupied[None, :, 1] < ys[:, None] + ph)).any(1)
+    free = np.flatnonzero(~overlap)
+    return (int(xs[free[0]]), int(ys[free[0]])) if len(free) else None
 
 
 def random_rescale(imgs: torch.Tensor, imgsz: int, grid_size: int, seed: int, epoch: int, i: int) -> torch.Tensor:

@@ -207,9 +207,9 @@ def pickled_layer_classes(model: Placeholder) -> dict:
     return {int(k): v.qualname for k, v in children.items() if isinstance(v, Placeholder) and str(k).isdigit()}
 
 
-def with_authors_ffm(cfg: dict, layer_classes: dict) -> dict:
-    """``cfg`` with its FFM rows switched to the ``authors`` arithmetic where the pickled layer is not
-    this project's (``[dimension, 'authors']``, the row's dimension kept, default 1)."""
+def _with_ffm_rows(cfg: dict, arithmetic_of) -> dict:
+    """``cfg`` with FFM row number ``i`` (layer index) set to ``[dimension, arithmetic_of(i)]``, the row's
+    dimension kept (default 1); rows where ``arithmetic_of`` gives None are left as they are."""
     out = {**cfg}
     i = 0
     for section in ("backbone", "head"):
@@ -217,14 +217,33 @@ def with_authors_ffm(cfg: dict, layer_classes: dict) -> dict:
             continue  # the model parser names the missing section
         rows = []
         for row in cfg[section]:
-            if (isinstance(row, list) and len(row) == 4 and row[2] in FFM_MODULES
-                    and not layer_classes.get(i, "").startswith(PROJECT_FFM_MODULE)):
+            arithmetic = arithmetic_of(i) if isinstance(row, list) and len(row) == 4 and row[2] in FFM_MODULES else None
+            if arithmetic is not None:
                 dimension = row[3][0] if isinstance(row[3], list) and row[3] else 1
-                row = [row[0], row[1], row[2], [dimension, "authors"]]
+                row = [row[0], row[1], row[2], [dimension, arithmetic]]
             rows.append(row)
             i += 1
         out[section] = rows
     return out
+
+
+def with_authors_ffm(cfg: dict, layer_classes: dict) -> dict:
+    """``cfg`` with its FFM rows switched to the ``authors`` arithmetic where the pickled layer is not
+    this project's (``[dimension, 'authors']``, the row's dimension kept, default 1)."""
+    return _with_ffm_rows(cfg, lambda i: None if layer_classes.get(i, "").startswith(PROJECT_FFM_MODULE) else "authors")
+
+
+def with_fixed_ffm(cfg: dict) -> dict:
+    """``cfg`` with every FFM row in this project's ``fixed`` arithmetic (``--fixed-ffm``: the weights are
+    kept, so the model is a starting point for fine-tuning, no longer a copy of the authors' outputs)."""
+    return _with_ffm_rows(cfg, lambda i: "fixed")
+
+
+def authors_ffm_layers(cfg: dict) -> list:
+    """Layer indices of the FFM rows of ``cfg`` in the ``authors`` arithmetic."""
+    rows = [*(cfg.get("backbone") or []), *(cfg.get("head") or [])]
+    return [i for i, row in enumerate(rows) if isinstance(row, list) and len(row) == 4 and row[2] in FFM_MODULES
+            and isinstance(row[3], list) and "authors" in row[3][1:]]
 
 
 def ffm_arithmetic_report(model) -> tuple[dict, str]:
@@ -250,8 +269,9 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def convert(src, dst, model_class) -> dict:
+def convert(src, dst, model_class, fixed_ffm: bool = False) -> dict:
     """Convert ``src`` into a plain checkpoint at ``dst``; ``model_class`` builds a model from a YAML dict.
+    ``fixed_ffm`` writes every FFM row in this project's arithmetic (see :func:`with_fixed_ffm`).
     Returns the checkpoint written."""
     if Path(dst).resolve() == Path(src).resolve():
         raise UserError(f"{dst}: the destination must differ from the source checkpoint")
@@ -259,16 +279,24 @@ def convert(src, dst, model_class) -> dict:
         raise UserError(f"{dst}: the destination is a folder; give a file path such as {Path(dst) / 'converted.pt'}")
     cfg, names, tensors, qualname, layer_classes = foreign_model(read_foreign_checkpoint(src), src)
     cfg = with_authors_ffm({k: v for k, v in cfg.items() if k != "ch"}, layer_classes)
+    switched = authors_ffm_layers(cfg) if fixed_ffm else []
+    if fixed_ffm:
+        cfg = with_fixed_ffm(cfg)
     model = model_class(cfg, nc=int(cfg["nc"]))
     state = match_weights(model.state_dict(), tensors, src)
     model.load_state_dict(state)
     arithmetic, line = ffm_arithmetic_report(model)
     if line:
         LOGGER.info(f"{src}: {line}")
+    if switched:
+        LOGGER.warning(f"{src}: --fixed-ffm: FFM layers {switched} were trained in the authors' arithmetic; the "
+                       f"converted model no longer reproduces their outputs until fine-tuned (python train.py "
+                       f"--weights {dst} ...; docs/export.md)")
     ckpt = {"model_cfg": model.yaml, "nc": model.yaml["nc"], "names": names, "model": model.state_dict(),
             "ema": None, "epoch": -1, "best_fitness": None,
             "converted_from": {"file": str(src), "sha256": file_sha256(src), "class": qualname,
-                               "tensors": len(tensors), "ffm_arithmetic": arithmetic}}
+                               "tensors": len(tensors), "ffm_arithmetic": arithmetic,
+                               "ffm_switched_to_fixed": switched}}
     try:
         save_checkpoint(ckpt, dst)
     except OSError as e:

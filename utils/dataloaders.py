@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from utils.augmentations import apply_hsv, hsv_lut, letterbox, mixup, mosaic, random_perspective
+from utils.augmentations import apply_hsv, hsv_lut, letterbox, mixup, mosaic, paste_small_objects, random_perspective
 from utils.ddp import DistInfo, dist_info_from_env, rank_zero_first
 from utils.errors import UserError
+from utils.extra_hyps import with_extra_hyp
 from utils.files import yaml_load
 from utils.dataset.image_cache import ImageCache, cache_mode
 from utils.dataset.image_io import bgr_to_chw_rgb, img2label_paths
@@ -33,15 +34,16 @@ DEFAULT_HYP = Path(__file__).resolve().parents[1] / "data" / "hyps" / "hyp.scrat
 AUGMENT_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective",
                 "flipud", "fliplr", "mosaic", "mixup")
 QUAD_STREAM = 1  # extra seed word separating the quad-collate decision from a sample's augmentation
+PASTE_STREAM = 2  # copy_paste_small's own stream: switching it on changes no other augmentation draw
 
 
 def _check_hyp(hyp, prefix):
-    """Augmentation hyperparameters: ``hyp`` (dict) or YOLOv5's scratch-low defaults; all keys required."""
+    """Augmentation hyperparameters: ``hyp`` (dict) or scratch-low's; YOLOv5's keys required, ours completed."""
     hyp = dict(hyp) if hyp is not None else yaml_load(DEFAULT_HYP)
     missing = [k for k in AUGMENT_KEYS if k not in hyp]
     if missing:
         raise UserError(f"{prefix}hyperparameters lack {', '.join(missing)}; start from data/hyps/hyp.scratch-low.yaml")
-    return hyp
+    return with_extra_hyp(hyp, f"{prefix}hyperparameters")
 
 
 class LoadImagesAndLabels(Dataset):
@@ -153,7 +155,8 @@ class LoadImagesAndLabels(Dataset):
             sizes.append(size)
             labels.append(lb)
         return mosaic(images, sizes, labels, self.img_size, rng, degrees=hyp["degrees"], translate=hyp["translate"],
-                      scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"])
+                      scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"],
+                      min_box_px=hyp["min_box_px"])
 
     def _mosaic_source(self, i):
         """Image i for the mosaic: ``(base image, (h, w) after resizing, labels (n, 5) xyxy pixels of that size)``."""
@@ -181,7 +184,8 @@ class LoadImagesAndLabels(Dataset):
         if self.augment:
             hyp = self.hyp
             img, labels = random_perspective(img, labels, rng, degrees=hyp["degrees"], translate=hyp["translate"],
-                                             scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"])
+                                             scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"],
+                                             min_box_px=hyp["min_box_px"])
             if img is raw:  # later steps write in place; never into the RAM cache
                 img = raw.copy()
         return img, labels, shapes
@@ -225,6 +229,9 @@ class LoadImagesAndLabels(Dataset):
         if self.augment:
             rng = self._rng(index, epoch, draw)
             img, labels = self._augmented(index, rng)
+            if self.hyp["copy_paste_small"] > 0:
+                paste_rng = self._rng(index, epoch, draw, stream=PASTE_STREAM)
+                img, labels = paste_small_objects(img, labels, paste_rng, self.hyp["copy_paste_small"])
             shapes = None
         else:
             img, labels, shapes = self._load_letterboxed(index, None)

@@ -3,18 +3,45 @@
 Targets go to the anchors whose width/height ratio to the box is below ``anchor_t`` in every
 level, and to the box centre's grid cell plus the two neighbouring cells nearest the centre
 (which triples the positives and lets the (-0.5, 1.5) xy offset reach them).
+
+Two options for tiny objects (hyps, off by default, see docs/small-objects.md):
+``nwd`` blends NWD into the box loss, ``(1 - nwd) * (1 - CIoU) + nwd * (1 - NWD)``; ``nwd_assign``
+gives each tiny target (``sqrt(w * h) <`` :data:`NWD_TINY_PX` input pixels) the anchors whose shape is
+NWD-close to it (NWD >= :data:`NWD_ASSIGN_THR`) plus its NWD-closest anchor over all levels,
+instead of the ratio rule, which leaves a 3-px box without any anchor of 10 px or more. NWD's constant
+C is ``nwd_c`` (pixels); per level it is C / stride, the boxes there being in grid cells.
 """
 
 import torch
 from torch import nn
 
 from utils.errors import UserError
-from utils.metrics import bbox_iou
+from utils.extra_hyps import nwd_in_use, with_extra_hyp
+from utils.metrics import bbox_iou, bbox_nwd
 
 REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t", "fl_gamma")
-LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}  # objectness weight per level, small strides first
+LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}  # YOLOv5's objectness weight by level position, small strides first
 DEFAULT_BALANCE = [4.0, 1.0, 0.25, 0.06, 0.02]
+STRIDE_32_BALANCE = 0.4  # YOLOv5's tuned weight for its stride-32 level (the 4x rule would give 0.25)
 NEIGHBOUR_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * 0.5
+NWD_TINY_PX = 8.0  # nwd_assign's "tiny": sqrt(w * h) below this in input pixels (AI-TOD's very tiny band)
+NWD_ASSIGN_THR = 0.5  # nwd_assign: a tiny target takes every anchor shape with NWD at least this
+
+
+def objectness_balance(strides, by_stride: bool = True) -> list[float]:
+    """Objectness loss weight per detection level.
+
+    The objectness loss is a mean over every (anchor, cell) slot of a level, so one positive's pull
+    shrinks with the level's slot count, 4x per halving of the stride. YOLOv5's weights 4.0 / 1.0 /
+    0.4 for strides 8 / 16 / 32 undo most of that, but YOLOv5 picks them by level position, so a
+    stride-4 level gets stride 8's 4.0 and each of its positives pulls 4x less than in yolov5n
+    (docs/accuracy.md). ``by_stride`` (hyp ``obj_balance_by_stride: 1``) gives every level
+    ``4.0 * (8 / s) ** 2`` (0.4 at stride 32): 16.0 at stride 4, YOLOv5's values at strides 8-32.
+    ``by_stride=False`` is YOLOv5's (and the FFCA-YOLO authors') list by position.
+    """
+    if not by_stride:
+        return list(LEVEL_BALANCE.get(len(strides), DEFAULT_BALANCE))[:len(strides)]
+    return [STRIDE_32_BALANCE if s == 32 else 4.0 * (8.0 / s) ** 2 for s in strides]
 
 
 def smooth_BCE(eps=0.1):  # noqa: N802 (YOLOv5's name)
@@ -84,13 +111,23 @@ class ComputeLoss:
             self.bce_cls = FocalLoss(self.bce_cls, hyp["fl_gamma"])
             self.bce_obj = FocalLoss(self.bce_obj, hyp["fl_gamma"])
         self.cp, self.cn = smooth_BCE(hyp.get("label_smoothing", 0.0))
-        self.balance = list(LEVEL_BALANCE.get(detect.nl, DEFAULT_BALANCE))
+        extra = with_extra_hyp(hyp, "model.hyp")
+        self.balance = objectness_balance(detect.stride.tolist(), bool(extra["obj_balance_by_stride"]))
         self.ssi = detect.stride.tolist().index(16) if autobalance and 16 in detect.stride.tolist() else 0
         self.autobalance = autobalance
         self.gr = 1.0  # objectness target = IoU ** gr mix; 1.0 means the IoU itself
         self.na, self.nc, self.nl = detect.na, detect.nc, detect.nl
         self.anchors = detect.anchors  # (nl, na, 2) in stride units = grid cells
         self.device = device
+        self._init_nwd(extra, detect.stride.tolist())
+
+    def _init_nwd(self, hyp: dict, strides: list) -> None:
+        """NWD settings from the (completed) hyp: blend weight, assignment switch, C in pixels."""
+        if nwd_in_use(hyp) and not hyp["nwd_c"] > 0:
+            raise UserError(f"nwd={hyp['nwd']}, nwd_assign={hyp['nwd_assign']} need the constant nwd_c > 0 "
+                            "(train.py sets it from the training set); set nwd_c in the hyperparameters")
+        self.nwd, self.nwd_assign, self.nwd_c = float(hyp["nwd"]), bool(hyp["nwd_assign"]), float(hyp["nwd_c"])
+        self.strides = [float(s) for s in strides]
 
     def __call__(self, preds, targets):
         targets = targets.to(self.device)
@@ -105,7 +142,7 @@ class ComputeLoss:
                 pxy, pwh, _, pcls = pi[b, a, gj, gi].split((2, 2, 1, self.nc), 1)
                 pbox = torch.cat((pxy.sigmoid() * 2 - 0.5, (pwh.sigmoid() * 2) ** 2 * anchors[i]), 1)
                 iou = bbox_iou(pbox, tbox[i], CIoU=True).squeeze(1)
-                lbox += (1.0 - iou).mean()
+                lbox += self._box_loss(pbox, tbox[i], iou, i)
                 target_iou = iou.detach().clamp(0).to(tobj.dtype)
                 if self.gr < 1:
                     target_iou = (1.0 - self.gr) + self.gr * target_iou
@@ -126,6 +163,30 @@ class ComputeLoss:
         bs = preds[0].shape[0]
         return (lbox + lobj + lcls) * bs, torch.cat((lbox, lobj, lcls)).detach()
 
+    def _box_loss(self, pbox, tbox, iou, level: int):
+        """Mean box loss of one level: 1 - CIoU, blended with 1 - NWD when ``nwd`` > 0 (boxes (m, 4) in cells)."""
+        if self.nwd == 0:
+            return (1.0 - iou).mean()
+        nwd = bbox_nwd(pbox, tbox, self.nwd_c / self.strides[level])
+        return ((1.0 - self.nwd) * (1.0 - iou) + self.nwd * (1.0 - nwd)).mean()
+
+    def _tiny_target_anchors(self, preds, targets):
+        """nwd_assign: which targets are tiny (nt,) and which anchors they take, (nl, na, nt) bool.
+
+        Shapes are compared in input pixels with both boxes centred alike, as the ratio rule compares
+        them; every tiny target keeps its NWD-closest anchor of all levels, so none is left without one.
+        """
+        strides = torch.tensor(self.strides, device=self.device, dtype=targets.dtype)
+        ny, nx = preds[0].shape[2:4]
+        gt_wh = targets[:, 4:6] * torch.stack((nx * strides[0], ny * strides[0]))  # (nt, 2) pixels
+        tiny = gt_wh.prod(1).sqrt() < NWD_TINY_PX
+        anchor_wh = self.anchors.to(targets.dtype) * strides[:, None, None]  # (nl, na, 2) pixels
+        gt_box = torch.cat((torch.zeros_like(gt_wh), gt_wh), 1)
+        anchor_box = torch.cat((torch.zeros_like(anchor_wh), anchor_wh), 2)
+        nwd = bbox_nwd(anchor_box[:, :, None], gt_box[None, None], self.nwd_c)  # (nl, na, nt)
+        closest = nwd == nwd.flatten(0, 1).amax(0)  # ties (anchors of equal shape) all count as closest
+        return tiny, (nwd >= NWD_ASSIGN_THR) | closest
+
     def build_targets(self, preds, targets):
         """Assign targets to (image, anchor, cell) slots in every level, all targets at once.
 
@@ -137,6 +198,7 @@ class ComputeLoss:
         # (na, nt, 7) = [image, cls, x, y, w, h, anchor]: every target paired with every anchor
         paired = torch.cat((targets.repeat(self.na, 1, 1), anchor_idx[..., None]), 2)
         offsets_table = NEIGHBOUR_OFFSETS.to(self.device)
+        tiny, tiny_keep = self._tiny_target_anchors(preds, targets) if self.nwd_assign and nt else (None, None)
         tcls, tbox, indices, anch = [], [], [], []
         for i in range(self.nl):
             ny, nx = preds[i].shape[2:4]
@@ -144,7 +206,10 @@ class ComputeLoss:
             t = paired * scale  # xywh in grid cells
             anchors = self.anchors[i]
             if nt:
-                t, offsets = _select_anchor_and_cells(t, anchors, self.hyp["anchor_t"], (nx, ny), offsets_table)
+                match = _anchor_ratio_match(t, anchors, self.hyp["anchor_t"])
+                if tiny is not None:
+                    match = torch.where(tiny, tiny_keep[i], match)
+                t, offsets = _select_cells(t[match], (nx, ny), offsets_table)
             else:
                 t, offsets = paired[0], torch.zeros((0, 2), device=self.device)
             image_cls, gxy, gwh, a = t.split((2, 2, 2, 1), 1)
@@ -159,11 +224,16 @@ class ComputeLoss:
         return tcls, tbox, indices, anch
 
 
-def _select_anchor_and_cells(t, anchors, anchor_t, grid_size, offsets_table):
-    """Keep (target, anchor) pairs with max(w/a, a/w, h/a, a/h) < ``anchor_t`` and add the two
-    neighbour cells nearest each centre. ``t`` (na, nt, 7) in grid units -> ((m, 7), offsets (m, 2))."""
+def _anchor_ratio_match(t, anchors, anchor_t):
+    """(target, anchor) pairs with max(w/a, a/w, h/a, a/h) < ``anchor_t``: ``t`` (na, nt, 7) -> (na, nt) bool."""
     ratio = t[..., 4:6] / anchors[:, None]
-    t = t[torch.max(ratio, 1 / ratio).max(2)[0] < anchor_t]
+    return torch.max(ratio, 1 / ratio).max(2)[0] < anchor_t
+
+
+def _select_cells(t, grid_size, offsets_table):
+    """Each kept pair in its centre cell plus the two neighbour cells nearest the centre.
+
+    ``t`` (m, 7) in grid units -> ((k, 7), offsets (k, 2))."""
     gxy = t[:, 2:4]
     gxy_inverse = torch.tensor(grid_size, device=t.device, dtype=t.dtype) - gxy
     left, top = ((gxy % 1 < 0.5) & (gxy > 1)).T

@@ -68,6 +68,22 @@ def bbox_iou(box1, box2, xywh=True, GIoU=False, DIoU=False, CIoU=False, eps=1e-7
     return iou - (rho2 / c2 + v * alpha)
 
 
+def bbox_nwd(box1, box2, constant, eps=1e-12):
+    """Normalized Wasserstein distance (Wang et al., arXiv 2110.13389) of xywh boxes (..., 4), broadcast -> (...).
+
+    Each box is the Gaussian N((x, y), diag(w^2 / 4, h^2 / 4)); the squared 2-Wasserstein distance of two
+    is (x1 - x2)^2 + (y1 - y2)^2 + ((w1 - w2)^2 + (h1 - h2)^2) / 4, and NWD = exp(-sqrt(W2^2) / constant)
+    with ``constant`` in the boxes' units. Unlike IoU it stays informative for tiny boxes that do not
+    overlap. Computed in float32 (or the inputs' wider float) so autocast cannot underflow ``eps``,
+    which keeps the gradient finite for identical boxes.
+    """
+    dtype = torch.promote_types(torch.promote_types(box1.dtype, box2.dtype), torch.float32)
+    x1, y1, w1, h1 = box1.to(dtype).unbind(-1)
+    x2, y2, w2, h2 = box2.to(dtype).unbind(-1)
+    wasserstein_sq = (x1 - x2) ** 2 + (y1 - y2) ** 2 + ((w1 - w2) ** 2 + (h1 - h2) ** 2) / 4
+    return torch.exp(-torch.sqrt(wasserstein_sq + eps) / constant)
+
+
 def match_predictions(detections, labels, iou_thresholds=IOU_THRESHOLDS):
     """Mark each detection correct or not at each IoU threshold, COCO's way.
 

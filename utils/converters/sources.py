@@ -47,6 +47,11 @@ def hash_split(stem: str, val_fraction: float) -> str:
     return "val" if digest / 0xFFFFFFFF < val_fraction else "train"
 
 
+def hash_fold(stem: str, n_folds: int) -> int:
+    """The fold (1..``n_folds``) whose val split holds ``stem``, by the same hash as :func:`hash_split`."""
+    return int(hashlib.sha256(stem.encode()).hexdigest()[:8], 16) % n_folds + 1
+
+
 def check_fraction(value: float, flag: str = "--val-fraction") -> float:
     """A fraction in [0, 1) or a UserError naming the flag."""
     if not 0.0 <= value < 1.0:

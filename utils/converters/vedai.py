@@ -11,19 +11,23 @@ Classes: ``--classes ffca`` (default) keeps the eight classes of the FFCA-YOLO /
 protocol (VEDAI codes 1 car, 2 truck, 11 pickup, 4 tractor, 5 camping car, 23 boat, 9 van, 10 other)
 and drops the rare motorcycles, buses and planes; ``--classes all`` keeps every code in the list below.
 Splits: ``foldNN.txt`` / ``foldNNtest.txt`` (VEDAI's ten folds, ``--fold``) when found under ``--src``,
-otherwise a name-hash split with ``--val-fraction``.
+otherwise a name-hash split with ``--val-fraction``. ``--folds N`` writes every fold instead of one
+(the papers' protocol: train and validate each fold, report mean and spread): each image once under
+``images/all`` and one data YAML per fold listing its train and val images (VEDAI's ten fold files,
+or without them N folds by a hash of the names, each image in the val list of exactly one fold).
 """
 
 from pathlib import Path
 
-from utils.converters.sources import check_fraction, hash_split, image_size, numbers, require_dir
-from utils.converters.writer import DatasetWriter
+from utils.converters.sources import check_fraction, hash_fold, hash_split, image_size, numbers, require_dir
+from utils.converters.writer import POOL, DatasetWriter
 from utils.errors import UserError
 from utils.logging import LOGGER
 
 CODES = {1: "car", 2: "truck", 11: "pickup", 4: "tractor", 5: "camping car", 23: "boat", 9: "van", 10: "other",
          7: "motorcycle", 8: "bus", 31: "plane"}
 FFCA_CODES = (1, 2, 11, 4, 5, 23, 9, 10)
+VEDAI_FOLDS = 10  # foldNN.txt / foldNNtest.txt for NN = 01..10
 
 
 def add_arguments(parser) -> None:
@@ -31,8 +35,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--size", choices=("512", "1024"), default="512", help="tile size to convert")
     parser.add_argument("--modality", choices=("co", "ir"), default="co", help="colour (co) or infrared (ir)")
     parser.add_argument("--classes", choices=("ffca", "all"), default="ffca", help="class list (see docs)")
-    parser.add_argument("--fold", type=int, default=1, help="VEDAI fold 1-10 when fold files are present")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="share for val without fold files")
+    parser.add_argument("--fold", type=int, default=None, help="convert one VEDAI fold, 1-10 (default 1), when "
+                                                                "fold files are present")
+    parser.add_argument("--folds", type=int, default=None, help="convert every fold: one data YAML per fold "
+                                                                "(10 with VEDAI's fold files; see docs/datasets.md)")
+    parser.add_argument("--val-fraction", type=float, default=None, help="share for val without fold files "
+                                                                         "(default 0.1)")
 
 
 def read_rows(src: Path, size: str) -> dict:
@@ -66,18 +74,49 @@ def parse_row(tokens) -> tuple:
     return int(code), (min(xs), min(ys), max(xs), max(ys))
 
 
+def fold_files(src: Path, fold: int):
+    """``(foldNN.txt, foldNNtest.txt)`` of one fold found under ``src``, or None when either is missing."""
+    train, test = sorted(src.rglob(f"fold{fold:02d}.txt")), sorted(src.rglob(f"fold{fold:02d}test.txt"))
+    return (train[0], test[0]) if train and test else None
+
+
+def read_fold(files) -> dict:
+    """``{image_number: split}`` from a fold's train and test lists; a number in both goes to val (warned)."""
+    train, test = ({token.zfill(8) for token in path.read_text().split()} for path in files)
+    if train & test:
+        LOGGER.warning(f"{files[0]}: {len(train & test)} images are also in {files[1].name}; they go to val only")
+    return {**dict.fromkeys(train, "train"), **dict.fromkeys(test, "val")}
+
+
 def fold_splits(src: Path, fold: int):
     """``{image_number: split}`` from ``foldNN.txt`` (train) and ``foldNNtest.txt`` (val), or None."""
-    if not 1 <= fold <= 10:
-        raise UserError(f"--fold {fold}: VEDAI has folds 1-10")
-    train, test = sorted(src.rglob(f"fold{fold:02d}.txt")), sorted(src.rglob(f"fold{fold:02d}test.txt"))
-    if not (train and test):
-        return None
-    splits = {}
-    for path, split in ((train[0], "train"), (test[0], "val")):
-        for line in path.read_text().split():
-            splits[line.strip().zfill(8)] = split
-    return splits
+    if not 1 <= fold <= VEDAI_FOLDS:
+        raise UserError(f"--fold {fold}: VEDAI has folds 1-{VEDAI_FOLDS}")
+    files = fold_files(src, fold)
+    return read_fold(files) if files else None
+
+
+def all_folds(src: Path, n_folds: int, image_numbers: list) -> list:
+    """``[{"train": [numbers], "val": [numbers]}, ...]``, one per fold, over ``image_numbers``: VEDAI's
+    fold files when all ten are under ``src``, else ``n_folds`` folds by a hash of the numbers."""
+    found = {k: fold_files(src, k) for k in range(1, VEDAI_FOLDS + 1)}
+    missing = [k for k, files in found.items() if files is None]
+    if not missing:
+        if n_folds != VEDAI_FOLDS:
+            raise UserError(f"--folds {n_folds}: --src {src} has VEDAI's {VEDAI_FOLDS} fold files; "
+                            f"use --folds {VEDAI_FOLDS}")
+        return [fold_lists(read_fold(found[k]), image_numbers) for k in range(1, VEDAI_FOLDS + 1)]
+    if len(missing) < VEDAI_FOLDS:
+        raise UserError(f"--src {src}: fold files of folds {missing} (foldNN.txt and foldNNtest.txt) are missing; "
+                        f"restore them, or remove every fold file to split by a hash of the names")
+    LOGGER.info(f"--src {src}: no VEDAI fold files; {n_folds} folds by a hash of the image names")
+    return [fold_lists({n: "val" if hash_fold(n, n_folds) == k else "train" for n in image_numbers}, image_numbers)
+            for k in range(1, n_folds + 1)]
+
+
+def fold_lists(splits: dict, image_numbers: list) -> dict:
+    """``{"train": [...], "val": [...]}``: the numbers of ``image_numbers`` by their split (unlisted: left out)."""
+    return {split: [n for n in image_numbers if splits.get(n) == split] for split in ("train", "val")}
 
 
 def image_rows(entries, code_to_class, size, writer) -> list:
@@ -97,33 +136,73 @@ def image_rows(entries, code_to_class, size, writer) -> list:
     return out
 
 
+def check_split_options(opt) -> None:
+    """``--folds`` excludes ``--fold`` and ``--val-fraction``; fill in their defaults otherwise."""
+    if opt.folds is not None:
+        for flag, value in (("--fold", opt.fold), ("--val-fraction", opt.val_fraction)):
+            if value is not None:
+                raise UserError(f"{flag} {value}: does not apply with --folds {opt.folds}, which writes every fold "
+                                f"(leave {flag} out, or drop --folds to convert one split)")
+        if opt.folds < 2:
+            raise UserError(f"--folds {opt.folds}: give 2 or more folds (VEDAI's own fold files make 10)")
+        return
+    opt.fold = 1 if opt.fold is None else opt.fold
+    opt.val_fraction = check_fraction(0.1 if opt.val_fraction is None else opt.val_fraction)
+
+
 def convert(opt) -> None:
-    """Convert ``opt.src`` into ``opt.out``."""
+    """Convert ``opt.src`` into ``opt.out`` (one split, or every fold with ``--folds``)."""
     src = require_dir(opt.src)
+    check_split_options(opt)
     tiles = sorted(src.rglob(f"Vehicules{opt.size}"))
     if not tiles:
         raise UserError(f"--src {src}: no Vehicules{opt.size}/ folder found (--size 512 or 1024?)")
     codes = FFCA_CODES if opt.classes == "ffca" else tuple(CODES)
-    code_to_class = {code: i for i, code in enumerate(codes)}
-    options = {"size": opt.size, "modality": opt.modality, "classes": opt.classes, "fold": opt.fold,
-               "val_fraction": check_fraction(opt.val_fraction)}
+    split_options = {"folds": opt.folds} if opt.folds is not None else {"fold": opt.fold,
+                                                                         "val_fraction": opt.val_fraction}
+    options = {"size": opt.size, "modality": opt.modality, "classes": opt.classes, **split_options}
     with DatasetWriter(opt.out, "VEDAI", options, link=opt.link) as writer:
         rows = read_rows(src, opt.size)
-        splits = fold_splits(src, opt.fold)
-        if splits is None:
-            LOGGER.info(f"--src {src}: no fold{opt.fold:02d}.txt / fold{opt.fold:02d}test.txt; "
-                        f"{opt.val_fraction:.0%} of the images go to val by a hash of their names")
         images = sorted(tiles[0].glob(f"*_{opt.modality}.png"))
         numbers_with_image = {image.stem.rsplit("_", 1)[0] for image in images}
         for number in sorted(set(rows) - numbers_with_image):
             writer.no_image(rows[number][0][0], len(rows[number]))
-        for image in images:
-            number = image.stem.rsplit("_", 1)[0]
-            split = splits.get(number) if splits is not None else hash_split(number, opt.val_fraction)
-            size = image_size(image)
-            if split is None or size is None:
-                if size is None:
-                    writer.skip_image(str(image), "not a readable image")
-                continue
+        code_to_class, names = {code: i for i, code in enumerate(codes)}, [CODES[c] for c in codes]
+        if opt.folds is None:
+            write_one_split(opt, src, images, rows, code_to_class, writer)
+            writer.publish(opt.name or "VEDAI", names)
+        else:
+            writer.publish_folds(opt.name or "VEDAI", names, write_folds(opt, src, images, rows, code_to_class, writer))
+
+
+def readable_images(images, writer):
+    """``(image, number, (width, height))`` of each readable image; unreadable ones are reported and skipped."""
+    for image in images:
+        size = image_size(image)
+        if size is None:
+            writer.skip_image(str(image), "not a readable image")
+            continue
+        yield image, image.stem.rsplit("_", 1)[0], size
+
+
+def write_one_split(opt, src, images, rows, code_to_class, writer) -> None:
+    """Images to ``train``/``val``: by fold ``--fold``'s files, else by a hash with ``--val-fraction``."""
+    splits = fold_splits(src, opt.fold)
+    if splits is None:
+        LOGGER.info(f"--src {src}: no fold{opt.fold:02d}.txt / fold{opt.fold:02d}test.txt; "
+                    f"{opt.val_fraction:.0%} of the images go to val by a hash of their names")
+    for image, number, size in readable_images(images, writer):
+        split = splits.get(number) if splits is not None else hash_split(number, opt.val_fraction)
+        if split is not None:
             writer.add(split, image, f"{number}.png", image_rows(rows.get(number, []), code_to_class, size, writer))
-        writer.publish(opt.name or "VEDAI", [CODES[c] for c in codes])
+
+
+def write_folds(opt, src, images, rows, code_to_class, writer) -> list:
+    """Every image of some fold once to ``all``; returns the folds as lists of written file names."""
+    readable = list(readable_images(images, writer))
+    folds = all_folds(src, opt.folds, [number for _, number, _ in readable])
+    listed = {n for fold in folds for split in fold.values() for n in split}
+    for image, number, size in readable:
+        if number in listed:
+            writer.add(POOL, image, f"{number}.png", image_rows(rows.get(number, []), code_to_class, size, writer))
+    return [{split: [f"{n}.png" for n in fold[split]] for split in fold} for fold in folds]

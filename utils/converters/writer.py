@@ -9,6 +9,8 @@ the input files and options (sorted order, no timestamps), so converting twice g
 Layout written: ``images/SPLIT/NAME``, ``labels/SPLIT/STEM.txt`` (``class xc yc w h``, normalised, six
 decimals; empty for background images), ``NAME.yaml`` (``path: .``, so the folder can be moved) and
 ``conversion.yaml`` (format, options, counts; it also marks the folder as one this tool may replace).
+A fold conversion (:meth:`DatasetWriter.publish_folds`) writes every image once into ``images/all``
+and, per fold, two lists of those images (``folds/foldNN/train.txt``, ``val.txt``) and one data YAML.
 """
 
 import contextlib
@@ -27,6 +29,7 @@ from utils.logging import LOGGER
 
 MARKER = "conversion.yaml"
 SPLIT_ORDER = ("train", "val", "test")
+POOL = "all"  # the one image folder of a fold conversion; each fold lists its train and val images from it
 
 
 def check_out_folder(out: Path) -> None:
@@ -115,7 +118,7 @@ class DatasetWriter:
 
     def add(self, split: str, src_image: Path, name: str, rows: list, pixels: np.ndarray | None = None) -> None:
         """Write one image (a copy of ``src_image``, or ``pixels`` encoded in its format) and its label rows."""
-        if split not in SPLIT_ORDER:
+        if split not in (*SPLIT_ORDER, POOL):
             raise ValueError(f"unknown split {split!r}")
         key = (split, Path(name).stem)
         if key in self._names:
@@ -149,7 +152,7 @@ class DatasetWriter:
 
     def summary(self) -> str:
         """One line: images per split, boxes, boxes dropped and why."""
-        splits = ", ".join(f"{s} {self.images[s]}" for s in SPLIT_ORDER if self.images[s])
+        splits = ", ".join(f"{s} {self.images[s]}" for s in (*SPLIT_ORDER, POOL) if self.images[s])
         reasons = ", ".join(f"{r} {n}" for r, n in sorted(self.dropped.items()))
         n_drop = sum(self.dropped.values())
         skipped = f", {self.skipped_images} images skipped" if self.skipped_images else ""
@@ -179,6 +182,48 @@ class DatasetWriter:
         yaml_path = self.out / f"{yaml_name}.yaml"
         LOGGER.info(f"{self.summary()} -> {yaml_path}")
         return yaml_path
+
+    def publish_folds(self, yaml_name: str, names: list, folds: list) -> list:
+        """Write one data YAML per fold (``{yaml_name}-foldNN.yaml``), its image lists and
+        ``conversion.yaml``, then swap into ``--out``. Returns the data YAMLs' final paths.
+
+        ``folds`` holds one ``{"train": [file names], "val": [file names]}`` per fold, the names being
+        images added to the ``all`` split; a name in both lists of one fold is a ValueError.
+        """
+        written = {stem for split, stem in self._names if split == POOL}
+        if not written:
+            raise UserError(f"{self.fmt}: no images were converted from the source folder; check --src "
+                            f"(the expected layout is in docs/datasets.md)")
+        for k, fold in enumerate(folds, 1):
+            for split in ("train", "val"):
+                if not fold[split]:
+                    raise UserError(f"{self.fmt}: fold {k} has no {split} images ({len(written)} images in all); "
+                                    f"use fewer folds or check the fold files")
+        yaml_names, counts = [], []
+        for k, fold in enumerate(folds, 1):
+            yaml_names.append(self._write_fold(k, fold, written, yaml_name, names))
+            counts.append({split: len(fold[split]) for split in ("train", "val")})
+        self._dump(MARKER, {"format": self.fmt, "options": self.options, "images": {POOL: self.images[POOL]},
+                            "boxes": {POOL: self.boxes[POOL]}, "dropped": dict(sorted(self.dropped.items())),
+                            "images_skipped": self.skipped_images, "names": list(names),
+                            "folds": [{"data": y, **c} for y, c in zip(yaml_names, counts)]})
+        self._swap_into_place()
+        LOGGER.info(f"{self.summary()}, {len(folds)} folds -> {self.out / yaml_names[0]} ... {yaml_names[-1]}")
+        return [self.out / y for y in yaml_names]
+
+    def _write_fold(self, k: int, fold: dict, written: set, yaml_name: str, names: list) -> str:
+        """``folds/foldNN/{train,val}.txt`` and the fold's data YAML; returns the YAML's file name."""
+        train, val = sorted(fold["train"]), sorted(fold["val"])
+        if set(train) & set(val) or not {Path(n).stem for n in train + val} <= written:
+            raise ValueError(f"fold {k}: train and val must be disjoint lists of written images")
+        folder = self.stage / "folds" / f"fold{k:02d}"
+        folder.mkdir(parents=True)
+        for split, files in (("train", train), ("val", val)):
+            (folder / f"{split}.txt").write_text("".join(f"../../images/{POOL}/{n}\n" for n in files))
+        file_name = f"{yaml_name}-fold{k:02d}.yaml"
+        self._dump(file_name, {"path": ".", "train": f"folds/fold{k:02d}/train.txt",
+                               "val": f"folds/fold{k:02d}/val.txt", "names": dict(enumerate(names))})
+        return file_name
 
     def _split_entries(self) -> dict:
         """``train``/``val``/``test`` keys of the data YAML; without a val split, val is the train split."""

@@ -173,6 +173,7 @@ PHASES = ("forward", "backward", "step")  # step: gradient clipping, optimizer s
 _MODULE_KEY = "determinism_audit_module"  # key in autograd Node.metadata
 _OUTSIDE_MODEL = "(outside the model)"
 _TORCH_ALERT = " does not have a deterministic implementation"
+AUDIT_NWD_C = 8.0  # stand-in NWD constant (px) for auditing a loss whose run has not measured its data yet
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,8 @@ def detection_loss(hyp: dict | None = None) -> LossFactory:
     """
     def factory(model: nn.Module, images: torch.Tensor) -> Callable:
         if not isinstance(getattr(model, "hyp", None), dict) and hyp is not None:
-            model.hyp = dict(hyp)
+            # a run sets NWD's constant from its data only after this audit; the ops do not depend on its value
+            model.hyp = {**hyp, "nwd_c": hyp.get("nwd_c") or AUDIT_NWD_C}
         compute_loss = ComputeLoss(model)
         generator = torch.Generator().manual_seed(0)
         targets = crowded_targets(model.model[-1], images.shape[0], images.shape[-1], generator)

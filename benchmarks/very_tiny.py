@@ -1,0 +1,215 @@
+"""Very-tiny benchmark (issue 27): train on large cluttered images of 2-12 px objects, report per AI-TOD band.
+
+The data set is generated offline by data/scripts/make_very_tiny.py (seeded: the seed makes the
+data and the run): 256-px images by default (``--img-size``), 32-64 objects each, box sides
+2-12 px, about four in five under 8 px. Each model trains from scratch at the images' own size with ``train.run`` through
+benchmarks/accuracy.py's ``train_one`` (one thread per worker process), with the base hyp file
+plus the ``--set`` overrides, so options such as a tiny-box threshold or an NWD loss weight can be
+compared on the same data by running the suite once per setting. Per run it prints mAP50,
+mAP50-95, AP50, AP50-95 and label count per AI-TOD band (by sqrt(box area): very tiny < 8 and
+tiny 8-16 px; the objects fall in no other band), the first epoch with mAP50 > 0.001, the train
+box loss at the first and last epoch, and the wall time per epoch (training plus each epoch's
+validation); then per model the mean and range over seeds, the seed-to-seed spread.
+
+    python benchmarks/very_tiny.py                                   # the default suite (docs/small-objects.md)
+    python benchmarks/very_tiny.py --set scale=0.25 --out runs/very-tiny
+    python benchmarks/very_tiny.py --models ffca-yolo-n yolov5n-p2 --seeds 0 --epochs 5
+
+Accuracy columns do not depend on ``--jobs`` or machine load; the s/epoch column does.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "data" / "scripts"))
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+
+from benchmarks.accuracy import BANDS, START_MAP50, train_one  # noqa: E402
+from benchmarks.accuracy_variants import ABLATIONS, MODELS, variant_yaml  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files import yaml_load, yaml_save  # noqa: E402
+from utils.training.evolve import META  # noqa: E402
+
+HYPS = ROOT / "data" / "hyps"
+DEFAULT_HYP = HYPS / "hyp.scratch-low.yaml"
+SUITE_BANDS = ("very_tiny", "tiny")  # AI-TOD bands the generated 2-12 px objects fall in
+MIN_IMG_SIZE = 32  # the generator needs room to place objects; the model needs a few stride-32 cells
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as a UserError (one ERROR line) instead of usage text."""
+
+    def error(self, message):
+        raise UserError(f"{message}; see python benchmarks/very_tiny.py --help")
+
+
+def known_hyp_keys() -> set[str]:
+    """Every hyperparameter the project knows: the keys of the hyp files in data/hyps and evolve's table."""
+    keys = set(META)
+    for path in sorted(HYPS.glob("*.yaml")):
+        keys |= set(yaml_load(path) or {})
+    return keys
+
+
+def parse_overrides(items: list[str], known: set[str]) -> dict[str, int | float]:
+    """``["min_box_px=1", "nwd=0.5"]`` -> ``{"min_box_px": 1, "nwd": 0.5}``; a bad item is a UserError.
+
+    Values are numbers only (int when written as one): they are parsed, never evaluated.
+    """
+    overrides = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item}: write KEY=VALUE, e.g. --set min_box_px=1")
+        if key not in known:
+            raise UserError(f"--set {item}: unknown hyperparameter {key!r}; known: {', '.join(sorted(known))}")
+        try:
+            value = int(text) if text.lstrip("+-").isdigit() else float(text)
+        except ValueError:
+            raise UserError(f"--set {item}: {text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise UserError(f"--set {item}: the value must be a finite number")
+        overrides[key] = value
+    return overrides
+
+
+def run_label(overrides: dict) -> str:
+    """Short name of a hyp setting for run folders and the table: ``base`` or ``min_box_px=1,nwd=0.5``."""
+    return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
+
+
+def write_hyp(base: Path, overrides: dict, out: Path) -> Path:
+    """The base hyp file with ``overrides`` applied, written under ``out/hyps`` (recorded with the runs)."""
+    hyp = yaml_load(base)
+    if not isinstance(hyp, dict):
+        raise UserError(f"--hyp {base}: expected a mapping of hyperparameters, e.g. {DEFAULT_HYP.relative_to(ROOT)}")
+    path = out / "hyps" / f"{base.stem}-{run_label(overrides)}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    yaml_save(path, {**hyp, **overrides})
+    return path
+
+
+def make_data(size: int, seed: int, n_train: int, n_val: int, out: Path) -> Path:
+    """Generate (or reuse) the very-tiny set of one seed; returns its data YAML."""
+    from make_very_tiny import make_very_tiny
+
+    root = out / "data" / f"very-tiny-{size}-{n_train}-{n_val}-s{seed}"
+    yaml_file = root.with_suffix(".yaml")
+    return yaml_file if yaml_file.exists() else make_very_tiny(root, n_train, n_val, seed, size=size)
+
+
+def jobs_for(opt: argparse.Namespace, overrides: dict, out: Path) -> list[dict]:
+    """One ``train_one`` job per (seed, model); the data of each seed is generated up front."""
+    settings = {"epochs": opt.epochs, "batch_size": opt.batch_size, "hyp": str(write_hyp(opt.hyp, overrides, out))}
+    jobs = []
+    for seed in opt.seeds:
+        data = make_data(opt.img_size, seed, opt.n_train, opt.n_val, out)
+        jobs += [{"kind": f"very-tiny-{run_label(overrides)}", "size": opt.img_size, "seed": seed, "model": m,
+                  "data": str(data), "out": str(out), "cfg": str(variant_yaml(m, out / "models")), "opt": settings}
+                 for m in opt.models]
+    return jobs
+
+
+def _ap(value: float, digits: int = 3) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _band(bands: dict, key: str) -> str:
+    """``AP50 / AP50-95 (labels)`` of one band, ``-`` for an empty band."""
+    band = bands.get(key, {})
+    nan = float("nan")
+    return f"{_ap(band.get('map50', nan))} / {_ap(band.get('map', nan))} ({band.get('instances', 0)})"
+
+
+def format_table(rows: list[dict], overrides: dict) -> str:
+    """Markdown table, one row per (seed, model)."""
+    bands = (f"AP50 / AP50-95 {BANDS[b]} px (labels)" for b in SUITE_BANDS)
+    head = ["hyp", "seed", "model", "mAP50", "mAP50-95", *bands, f"first epoch mAP50 > {START_MAP50}",
+            "box loss first → last", "s/epoch"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [run_label(overrides), str(r["seed"]), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
+                 *(_band(r["bands"], b) for b in SUITE_BANDS), str(r["first"] or "never"),
+                 f"{r['box0']:.3f} → {r['box1']:.3f}", f"{r['s_per_epoch']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seed_summary(rows: list[dict]) -> list[str]:
+    """Per model over its seeds: mean and range of mAP50-95 and of each band's AP50-95 (the seed-to-seed spread)."""
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    lines = []
+    for model, runs in by_model.items():
+        columns = {"mAP50-95": [r["map"] for r in runs],
+                   **{f"AP50-95 {BANDS[b]} px": [r["bands"].get(b, {}).get("map", float("nan")) for r in runs]
+                      for b in SUITE_BANDS}}
+        parts = [f"{name} {sum(v) / len(v):.4f} ({min(v):.4f}-{max(v):.4f})" for name, v in columns.items()]
+        lines.append(f"{model}, {len(runs)} seed(s), mean (min-max): " + "; ".join(parts))
+    return lines
+
+
+def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
+    """The suite's flags and the parsed ``--set`` overrides; any bad flag is a UserError."""
+    p = _ArgumentParser(prog="python benchmarks/very_tiny.py", description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=sorted(MODELS) + sorted(ABLATIONS),
+                   help="models to train")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="hyperparameters to override in --hyp, e.g. --set min_box_px=1 nwd=0.5")
+    p.add_argument("--hyp", type=Path, default=DEFAULT_HYP, help="base hyperparameters YAML")
+    p.add_argument("--epochs", type=int, default=80, help="epochs per run")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--img-size", type=int, default=256, help="image side of the generated set and of training")
+    p.add_argument("--n-train", type=int, default=128, help="generated training images per seed")
+    p.add_argument("--n-val", type=int, default=32, help="generated validation images per seed")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
+    p.add_argument("--out", type=Path, default=None, help="keep data and runs here (default: a temporary folder)")
+    opt = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "n_train", "n_val", "jobs"):
+        if getattr(opt, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(opt, name)}: must be a positive integer")
+    if opt.img_size < MIN_IMG_SIZE or opt.img_size % 32:
+        raise UserError(f"--img-size {opt.img_size}: use a multiple of 32, at least {MIN_IMG_SIZE}")
+    if not opt.hyp.is_file():
+        raise UserError(f"--hyp {opt.hyp}: file not found")
+    return opt, parse_overrides(opt.overrides, known_hyp_keys())
+
+
+def command_line(opt: argparse.Namespace) -> str:
+    """The suite's settings as the command that reproduces them."""
+    sets = f" --set {' '.join(opt.overrides)}" if opt.overrides else ""
+    return (f"python benchmarks/very_tiny.py --models {' '.join(opt.models)} --seeds {' '.join(map(str, opt.seeds))} "
+            f"--epochs {opt.epochs} --batch-size {opt.batch_size} --img-size {opt.img_size} --n-train {opt.n_train} "
+            f"--n-val {opt.n_val} --hyp {opt.hyp}{sets}")
+
+
+def run_suite(argv=None) -> str:
+    """Run the suite; print and return the table."""
+    opt, overrides = parse_opt(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the worker processes
+    with tempfile.TemporaryDirectory() as tmp:
+        out = (opt.out or Path(tmp)).resolve()
+        jobs = jobs_for(opt, overrides, out)
+        with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows = list(pool.map(train_one, jobs))
+    report = "\n".join([format_table(rows, overrides), "", *seed_summary(rows)])
+    print(f"\n{command_line(opt)}\n{report}")
+    return report
+
+
+main = exit_on_user_error(run_suite)
+
+if __name__ == "__main__":
+    main()
