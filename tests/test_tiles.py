@@ -9,9 +9,10 @@ import torch
 
 from utils.autoanchor import dataset_box_sizes
 from utils.dataloaders import LoadImagesAndLabels, create_dataloader
-from utils.dataset.tiles import (MIN_VISIBILITY, anchor_scale, crop_labels, letterbox_tile, resolve_tile_size,
+from utils.dataset.tiles import (MIN_VISIBILITY, box_scale, crop_labels, letterbox_tile, resolve_tile_size,
                                  sample_tile, tile_window)
 from utils.errors import UserError
+from utils.extra_hyps import mean_object_size
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
@@ -117,18 +118,21 @@ def test_letterbox_tile_pads_and_never_enlarges():
     np.testing.assert_array_equal(labels, [[0, 0, 12, 10, 22]])
 
 
-def test_anchor_scale_is_long_side_over_tile():
-    np.testing.assert_array_equal(anchor_scale([[1024, 512], [100, 200]], 256), [[4.0], [200 / 256]])
-    assert anchor_scale([[1024, 512]], None) is None
+def test_box_scale_is_long_side_over_tile():
+    np.testing.assert_array_equal(box_scale([[1024, 512], [100, 200]], 256), [[4.0], [200 / 256]])
+    assert box_scale([[1024, 512]], None) is None
 
 
-def test_autoanchor_sees_boxes_at_tile_scale(tmp_path):
+def test_autoanchor_and_nwd_constant_see_boxes_at_tile_scale(tmp_path):
     images = make_large_dataset(tmp_path, n=2)
     ds = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, train_tiles=128)
-    wh = dataset_box_sizes(ds, 64, anchor_scale(ds.shapes, 128))
+    scale = box_scale(ds.shapes, 128)
     original = np.concatenate([lb[:, 3:5] for lb in ds.labels]) * 256
-    np.testing.assert_allclose(wh, original / 2)  # 128 px tiles shown at 64 px: half the original size
+    np.testing.assert_allclose(dataset_box_sizes(ds, 64, scale), original / 2)  # 128 px tiles at 64 px: half size
     np.testing.assert_allclose(dataset_box_sizes(ds, 64), original / 4)  # whole images would shrink 4x
+    mean_side = np.sqrt(original.prod(1)).mean()
+    assert mean_object_size(ds.labels, ds.shapes, 64, scale) == pytest.approx(mean_side / 2)
+    assert mean_object_size(ds.labels, ds.shapes, 64) == pytest.approx(mean_side / 4)
 
 
 # ---------------------------------------------------------------- the setting: flag, YAML key, errors

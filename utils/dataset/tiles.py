@@ -112,11 +112,11 @@ def letterbox_tile(tile, shape, labels, img_size):
     return img, labels
 
 
-def anchor_scale(shapes, size):
+def box_scale(shapes, size):
     """(N, 1) factor from whole-image to tile training scale of each image (None without tiles).
 
-    ``shapes`` (N, 2) ``(w, h)``. AutoAnchor sizes boxes as if each image were shrunk to ``--imgsz``;
-    tiles of side ``size`` show them ``max(w, h) / size`` times larger.
+    ``shapes`` (N, 2) ``(w, h)``. AutoAnchor and the NWD constant size boxes as if each image were
+    shrunk to ``--imgsz``; tiles of side ``size`` show them ``max(w, h) / size`` times larger.
     """
     if not size:
         return None
