@@ -91,16 +91,13 @@ def test_tile_sigkill_mid_epoch_then_resume_is_bit_identical(reference, shapes_d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("value, message", [
-    ("0", "--train-tiles 0: must be a positive whole number"),
-    ("-64", "--train-tiles -64: must be a positive whole number"),
-    ("100", "--train-tiles 100: must be a multiple of the model stride 32, e.g. 96 or 128"),
-])
-def test_bad_tile_size_is_one_error_line_exit_2_and_no_run_folder(value, message, shapes_data, tiny_cfg, tmp_path):
+def test_bad_tile_size_is_one_error_line_exit_2_and_no_run_folder(shapes_data, tiny_cfg, tmp_path):
+    """One command line; the other bad values take the same path (tests/test_tiles.py checks their messages)."""
     proc = subprocess.run([sys.executable, "train.py", "--data", str(shapes_data), "--cfg", str(tiny_cfg),
-                           "--device", "cpu", "--project", str(tmp_path), "--train-tiles", value],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                           "--device", "cpu", "--project", str(tmp_path), "--train-tiles", "100"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
+    message = "--train-tiles 100: must be a multiple of the model stride 32, e.g. 96 or 128"
     assert proc.stderr.strip().startswith("ERROR: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
