@@ -35,9 +35,11 @@ from utils.augmentations import random_rescale  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
 from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
 from utils.dataset.data_config import check_dataset  # noqa: E402
+from utils.dataset.tiles import box_scale, resolve_tile_size  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
-                       destroy_process_group, dist_info_from_env, gather_objects, init_process_group)
+                       destroy_process_group, dist_info_from_env, gather_objects, init_process_group,
+                       per_rank_batch_size)
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=100, help="total training epochs")
     p.add_argument("--batch-size", type=int, default=16, help="total batch size over all GPUs, -1 = AutoBatch")
     p.add_argument("--rect", action="store_true", help="rectangular training")
+    p.add_argument("--train-tiles", type=int, metavar="N", help="train on random N x N tiles (data YAML: train_tiles)")
     p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the most recent or a given run")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate the final epoch")
@@ -282,6 +285,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     amp = check_amp(model)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
+    opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid_size, resume_ckpt, opt.rect)
     audit = run_start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
@@ -293,7 +297,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     ctx.train_loader, dataset, ctx.val_loader = build_loaders(ctx, hyp, grid_size)
     if resume_ckpt is None:
         prepare_new_run(dataset, model, hyp, ctx)
-        hyp = resolve_nwd_constant(hyp, dataset.labels, dataset.shapes, imgsz, dist.is_main and save_dir / "hyp.yaml")
+        hyp = resolve_nwd_constant(hyp, dataset.labels, dataset.shapes, imgsz, dist.is_main and save_dir / "hyp.yaml",
+                                   scale=box_scale(dataset.shapes, opt.train_tiles))
 
     loop = TrainLoop(ctx, model, hyp, amp)
     ctx.results_log = ResultsLog(save_dir / "results.csv", tensorboard=dist.is_main and not opt.evolve)
@@ -311,14 +316,6 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
 
     results, last_epoch = loop.run()
     return report_run_end(ctx, loop, results, last_epoch)
-
-
-def per_rank_batch_size(opt, dist: DistInfo) -> int:
-    """The batch each process loads: the total divided over the ranks (checked for --quad)."""
-    per_rank = check_ddp_batch(opt.batch_size, dist.world_size) if dist.enabled else opt.batch_size
-    if opt.quad and per_rank % 4:
-        raise UserError(f"--quad needs a per-device batch size divisible by 4, got {per_rank}")
-    return per_rank
 
 
 def report_run_end(ctx: RunContext, loop, results, last_epoch):
@@ -342,7 +339,7 @@ def build_loaders(ctx: RunContext, hyp: dict, grid_size: int):
         ctx.data_dict["train"], ctx.imgsz, ctx.per_rank_batch, grid_size, single_cls=opt.single_cls, hyp=hyp,
         augment=True, cache=opt.cache, rect=opt.rect, rank=ctx.dist.rank, workers=opt.workers,
         image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
-        nc=nc)
+        nc=nc, train_tiles=opt.train_tiles)
     val_loader = None
     if ctx.dist.is_main:
         val_loader = create_dataloader(
@@ -355,7 +352,8 @@ def build_loaders(ctx: RunContext, hyp: dict, grid_size: int):
 def prepare_new_run(dataset, model, hyp: dict, ctx: RunContext) -> None:
     """AutoAnchor (anchors then live in the model, so checkpoints carry them) and labels.jpg."""
     if not ctx.opt.noautoanchor:
-        check_anchors(dataset, model=model, thr=hyp["anchor_t"], imgsz=ctx.imgsz, seed=ctx.opt.seed)
+        check_anchors(dataset, model=model, thr=hyp["anchor_t"], imgsz=ctx.imgsz, seed=ctx.opt.seed,
+                      scale=box_scale(dataset.shapes, ctx.opt.train_tiles))
     elif isinstance(model.yaml.get("anchors"), int):
         LOGGER.warning("--noautoanchor with 'anchors: N' in the model YAML: training with placeholder anchors")
     if ctx.plots and ctx.dist.is_main:

@@ -89,17 +89,19 @@ def has_placeholder_anchors(model) -> bool:
     return isinstance(anchors, int) and not isinstance(anchors, bool)
 
 
-def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640, seed: int = 0) -> bool:
+def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640, seed: int = 0,
+                  scale: np.ndarray | None = None) -> bool:
     """Check the model's anchors against ``dataset`` and replace them in place when k-means does better.
 
-    Placeholder anchors (``anchors:`` given as an integer) are always replaced. Returns True when
+    Placeholder anchors (``anchors:`` given as an integer) are always replaced. ``scale`` (N, 1) is an
+    optional per-image factor on the box sizes (training tiles show boxes larger). Returns True when
     the anchors changed.
     """
     model = de_parallel(model)
     detect = model.model[-1]
     rng = np.random.default_rng(seed)
     jitter = rng.uniform(0.9, 1.1, size=(len(dataset.shapes), 1))
-    wh = dataset_box_sizes(dataset, imgsz, jitter)
+    wh = dataset_box_sizes(dataset, imgsz, jitter if scale is None else jitter * scale)
     if not len(wh):
         LOGGER.warning(f"{PREFIX}no labels in the data set, anchors left as they are")
         return False
@@ -117,7 +119,8 @@ def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640, seed: int 
             return False
         LOGGER.info(f"{PREFIX}anchors are a poor fit to the data set ⚠️, attempting to improve...")
 
-    new = kmean_anchors(dataset, n=current.shape[0], img_size=imgsz, thr=thr, gen=1000, seed=seed, verbose=False)
+    new = kmean_anchors(dataset, n=current.shape[0], img_size=imgsz, thr=thr, gen=1000, seed=seed, verbose=False,
+                        scale=scale)
     new_bpr, _ = anchor_stats(wh, new.astype(np.float64), thr)
     if not placeholder and new_bpr <= bpr:
         LOGGER.info(f"{PREFIX}k-means anchors are not better than the current ones, keeping the current anchors")
@@ -206,15 +209,16 @@ def _update_centroids(points: np.ndarray, centroids: np.ndarray, assignment: np.
 
 
 def kmean_anchors(dataset, n: int = 9, img_size: int = 640, thr: float = 4.0, gen: int = 1000, seed: int = 0,
-                  verbose: bool = True) -> np.ndarray:
-    """Anchors ``(n, 2)`` in pixels, sorted by area, fitted to ``dataset`` at ``img_size``.
+                  verbose: bool = True, scale: np.ndarray | None = None) -> np.ndarray:
+    """Anchors ``(n, 2)`` in pixels, sorted by area, fitted to ``dataset`` at ``img_size`` (``scale``: as in
+    :func:`check_anchors`).
 
     k-means on whitened box sizes, then ``gen`` generations of YOLOv5's genetic mutation keeping
     the anchors whenever fitness (mean best-ratio of boxes fitting better than ``1 / thr``)
     improves. All randomness comes from ``np.random.default_rng(seed)``.
     """
     rng = np.random.default_rng(seed)
-    wh_all = dataset_box_sizes(dataset, img_size)
+    wh_all = dataset_box_sizes(dataset, img_size, scale)
     if not len(wh_all):
         raise UserError("cannot compute anchors: the data set has no labels")
     small = int((wh_all < SMALL_BOX_PIXELS).any(1).sum())

@@ -3,7 +3,8 @@
 Determinism: the batch sampler (utils/dataset/sampling.py) yields keys ``(index, epoch, draw)``; every random
 decision for a sample comes from a generator seeded by ``(seed, epoch, index, draw)``, so batches do
 not depend on the number of workers and a resumed epoch sees exactly the batches it saw before.
-Scanning and the label cache live in utils/dataset/label_cache.py, image caching in utils/dataset/image_cache.py.
+Scanning and the label cache live in utils/dataset/label_cache.py, image caching in utils/dataset/image_cache.py,
+training tiles of large images (``train_tiles``) in utils/dataset/tiles.py.
 """
 
 import os
@@ -23,6 +24,7 @@ from utils.files import yaml_load
 from utils.dataset.image_cache import ImageCache, cache_mode
 from utils.dataset.image_io import bgr_to_chw_rgb, img2label_paths
 from utils.dataset.label_cache import load_labels
+from utils.dataset.tiles import letterbox_tile, sample_tile
 from utils.logging import LOGGER
 from utils.ops import xywhn2xyxy, xyxy2xywhn
 from utils.dataset.sampling import DeterministicBatchSampler, DeterministicDataLoader
@@ -49,11 +51,12 @@ class LoadImagesAndLabels(Dataset):
 
     ``dataset[key]`` with ``key`` an int or ``(index, epoch, draw)`` returns
     ``(image uint8 (3, h, w) RGB, labels (n, 6) [0, cls, x, y, w, h], path, shapes or None)``.
+    ``train_tiles`` N (augmenting only): every image drawn is replaced by a random N x N tile of it.
     """
 
     def __init__(self, path, img_size=640, batch_size=16, augment=False, hyp=None, rect=False,
                  image_weights=False, cache_images=False, single_cls=False, stride=32, pad=0.0, prefix="",
-                 seed=0, nc=None):
+                 seed=0, nc=None, train_tiles=None):
         self.img_size = img_size
         self.augment = augment
         self.hyp = _check_hyp(hyp, prefix) if augment else hyp
@@ -65,6 +68,13 @@ class LoadImagesAndLabels(Dataset):
         self.seed = int(seed) % 2**63
         self.path = path
         self.prefix = prefix
+        self.tiles = int(train_tiles) if train_tiles and augment else None
+        if self.tiles and self.rect:
+            raise UserError(f"{prefix}--train-tiles {self.tiles} cannot be combined with --rect (tiles are square); "
+                            "drop one of them")
+        if self.tiles:
+            LOGGER.info(f"{prefix}random {self.tiles} x {self.tiles} tiles of the images, cut on the fly and shown at "
+                        f"{img_size / self.tiles:g}x (utils/dataset/tiles.py)")
         self._use_labels(load_labels(path, nc, prefix), single_cls)
         self.n = len(self.im_files)
         self.batch = np.floor(np.arange(self.n) / batch_size).astype(int)  # batch index of each image
@@ -73,7 +83,7 @@ class LoadImagesAndLabels(Dataset):
         if self.rect:
             self._sort_for_rect(batch_size, img_size, stride, pad)
         self.images = ImageCache(self.im_files, self.shapes, self.orientations, img_size, augment,
-                                 cache_mode(cache_images, prefix), prefix)
+                                 cache_mode(cache_images, prefix), prefix, full_size=bool(self.tiles))
 
     # ---- labels and images
 
@@ -140,21 +150,37 @@ class LoadImagesAndLabels(Dataset):
         hyp = self.hyp
         images, sizes, labels = [], [], []
         for i in [index, *rng.integers(0, self.n, size=3).tolist()]:
-            im, (h, w) = self.images.mosaic_source(i)
+            im, size, lb = self._tile(i, rng) if self.tiles else self._mosaic_source(i)
             images.append(im)
-            sizes.append((h, w))
-            labels.append(self._pixel_labels(i, w, h))
+            sizes.append(size)
+            labels.append(lb)
         return mosaic(images, sizes, labels, self.img_size, rng, degrees=hyp["degrees"], translate=hyp["translate"],
                       scale=hyp["scale"], shear=hyp["shear"], perspective=hyp["perspective"],
                       min_box_px=hyp["min_box_px"])
 
+    def _mosaic_source(self, i):
+        """Image i for the mosaic: ``(base image, (h, w) after resizing, labels (n, 5) xyxy pixels of that size)``."""
+        im, (h, w) = self.images.mosaic_source(i)
+        return im, (h, w), self._pixel_labels(i, w, h)
+
+    def _tile(self, i, rng):
+        """A random tile of image i in the form of :meth:`_mosaic_source` (utils/dataset/tiles.py)."""
+        im = self.images.base_image(i)
+        h0, w0 = im.shape[:2]
+        return sample_tile(im, self._pixel_labels(i, w0, h0), self.tiles, self.img_size, rng)
+
     def _load_letterboxed(self, index, rng):
-        """Image ``index`` letterboxed to its batch shape (rect) or img_size; warped when augmenting."""
-        raw, (h0, w0), (h, w) = self.load_image(index)
-        shape = self.batch_shapes[self.batch[index]] if self.rect else self.img_size
-        img, ratio, pad = letterbox(raw, shape, auto=False, scaleup=self.augment)
-        shapes = (h0, w0), ((h / h0, w / w0), pad)
-        labels = self._pixel_labels(index, ratio[0] * w, ratio[1] * h, pad[0], pad[1])
+        """Image ``index`` (or a tile of it) letterboxed to its batch shape (rect) or img_size; warped if augmenting."""
+        if self.tiles:
+            raw, size, labels = self._tile(index, rng)
+            img, labels = letterbox_tile(raw, size, labels, self.img_size)
+            shapes = None
+        else:
+            raw, (h0, w0), (h, w) = self.load_image(index)
+            shape = self.batch_shapes[self.batch[index]] if self.rect else self.img_size
+            img, ratio, pad = letterbox(raw, shape, auto=False, scaleup=self.augment)
+            shapes = (h0, w0), ((h / h0, w / w0), pad)
+            labels = self._pixel_labels(index, ratio[0] * w, ratio[1] * h, pad[0], pad[1])
         if self.augment:
             hyp = self.hyp
             img, labels = random_perspective(img, labels, rng, degrees=hyp["degrees"], translate=hyp["translate"],
@@ -284,8 +310,9 @@ def _loader_dist_info(rank: int) -> DistInfo:
 
 def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=None, augment=False, cache=False,
                       pad=0.0, rect=False, rank=-1, workers=8, image_weights=False, quad=False, prefix="",
-                      shuffle=False, seed=0, nc=None):
-    """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check).
+                      shuffle=False, seed=0, nc=None, train_tiles=None):
+    """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check, and
+    ``train_tiles``, the tile side for training on tiles of large images).
 
     Batches: ``(imgs uint8 (bs, 3, h, w) RGB, targets (n, 6) [img_idx, cls, x, y, w, h], paths, shapes)``.
     """
@@ -296,7 +323,8 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
     with rank_zero_first(info):
         dataset = LoadImagesAndLabels(path, imgsz, batch_size, augment=augment, hyp=hyp, rect=rect,
                                       image_weights=image_weights, cache_images=cache, single_cls=single_cls,
-                                      stride=int(stride), pad=pad, prefix=prefix, seed=seed, nc=nc)
+                                      stride=int(stride), pad=pad, prefix=prefix, seed=seed, nc=nc,
+                                      train_tiles=train_tiles)
     batch_size = min(batch_size, len(dataset))
     nw = min(os.cpu_count() or 1, batch_size, workers)
     sampler = DeterministicBatchSampler(dataset, batch_size, shuffle=shuffle, seed=seed, rank=info.rank,

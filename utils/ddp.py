@@ -52,6 +52,14 @@ def check_ddp_batch(batch_size: int, world_size: int) -> int:
     return batch_size // world_size
 
 
+def per_rank_batch_size(opt, info: DistInfo) -> int:
+    """The batch each process loads: ``opt.batch_size`` (the total) divided over the ranks (checked for --quad)."""
+    per_rank = check_ddp_batch(opt.batch_size, info.world_size) if info.enabled else opt.batch_size
+    if opt.quad and per_rank % 4:
+        raise UserError(f"--quad needs a per-device batch size divisible by 4, got {per_rank}")
+    return per_rank
+
+
 def init_process_group(info: DistInfo, device: torch.device) -> None:
     """Start the process group: NCCL for CUDA devices, gloo for CPU, with a bounded timeout."""
     backend = "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"

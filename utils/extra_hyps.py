@@ -45,21 +45,23 @@ def nwd_in_use(hyp: dict) -> bool:
     return hyp.get("nwd", 0) > 0 or hyp.get("nwd_assign", 0) == 1
 
 
-def mean_object_size(labels: list, shapes: np.ndarray, img_size: int) -> float:
+def mean_object_size(labels: list, shapes: np.ndarray, img_size: int, scale=None) -> float:
     """Mean ``sqrt(w * h)`` of all objects, in pixels once each image's long side is ``img_size``.
 
     ``labels``: per image (n, 5) ``[cls, x, y, w, h]`` normalised; ``shapes``: (images, 2) ``(w, h)``
-    in pixels. Returns nan when there are no objects.
+    in pixels; ``scale``: optional (images, 1) extra factor per image (training tiles show objects
+    larger, utils/dataset/tiles.py ``box_scale``). Returns nan when there are no objects.
     """
     sizes = []
-    for lb, (w0, h0) in zip(labels, np.asarray(shapes, dtype=np.float64)):
-        scale = img_size / max(w0, h0)
-        sizes.append(np.sqrt(lb[:, 3] * w0 * lb[:, 4] * h0) * scale)
+    extra = np.ones(len(labels)) if scale is None else np.asarray(scale, dtype=np.float64).reshape(-1)
+    for lb, (w0, h0), k in zip(labels, np.asarray(shapes, dtype=np.float64), extra):
+        gain = img_size / max(w0, h0) * k  # k = 1.0 leaves the gain bit-identical
+        sizes.append(np.sqrt(lb[:, 3] * w0 * lb[:, 4] * h0) * gain)
     sizes = np.concatenate(sizes) if sizes else np.zeros(0)
     return float(sizes.mean()) if len(sizes) else math.nan
 
 
-def resolve_nwd_constant(hyp: dict, labels: list, shapes: np.ndarray, img_size: int, record=None) -> dict:
+def resolve_nwd_constant(hyp: dict, labels: list, shapes: np.ndarray, img_size: int, record=None, scale=None) -> dict:
     """``hyp`` with ``nwd_c`` set from the training set's mean object size when NWD is on and ``nwd_c`` is 0.
 
     A positive ``nwd_c`` (given by the user, or recorded by an earlier run) is kept as it is. A new value
@@ -68,11 +70,12 @@ def resolve_nwd_constant(hyp: dict, labels: list, shapes: np.ndarray, img_size: 
     """
     if not nwd_in_use(hyp) or hyp.get("nwd_c", 0) > 0:
         return dict(hyp)
-    size = mean_object_size(labels, shapes, img_size)
+    size = mean_object_size(labels, shapes, img_size, scale)
     if not size > 0:
         raise UserError("nwd/nwd_assign need the training set's mean object size for the constant C, but the "
                         "training labels have no objects; set nwd_c (pixels at --imgsz) in the --hyp YAML")
-    LOGGER.info(f"NWD constant C = {size:.4g} px (mean object size of the training set at {img_size} px)")
+    on_tiles = "" if scale is None else ", on the training tiles"
+    LOGGER.info(f"NWD constant C = {size:.4g} px (mean object size of the training set at {img_size} px{on_tiles})")
     resolved = {**hyp, "nwd_c": round(size, 4)}
     if record:
         yaml_save(record, resolved)

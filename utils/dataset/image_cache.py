@@ -46,11 +46,13 @@ class ImageCache:
 
     ``shapes`` (N, 2) holds the upright ``(w, h)`` from the scan and ``orientations`` (N,) the EXIF
     orientations; ``augment`` selects the shrinking interpolation (linear for training, area otherwise).
+    ``full_size`` keeps base images (and the RAM cache) at their original size, for training tiles.
     """
 
-    def __init__(self, im_files, shapes, orientations, img_size, augment, mode=None, prefix=""):
+    def __init__(self, im_files, shapes, orientations, img_size, augment, mode=None, prefix="", full_size=False):
         self.im_files, self.shapes, self.orientations = im_files, shapes, orientations
         self.img_size, self.augment, self.prefix = img_size, augment, prefix
+        self.full_size = full_size
         self.n = len(im_files)
         self.ims = [None] * self.n  # RAM cache of base images (see base_image)
         self.npy_files = [str(Path(f).with_suffix(".npy")) for f in im_files]
@@ -79,7 +81,7 @@ class ImageCache:
         return (math.ceil(h0 * r), math.ceil(w0 * r)) if r != 1 else (h0, w0)
 
     def base_image(self, i):
-        """Image i as cached and warped from: shrunk to ``img_size`` when larger, else the original.
+        """Image i as cached and warped from: shrunk to ``img_size`` when larger (not if ``full_size``), else as is.
 
         Enlarging is left to the consumer (the mosaic warp does it in its single interpolation), so
         small images cost no extra memory and cached and uncached samples are bit-identical.
@@ -87,6 +89,8 @@ class ImageCache:
         if self.ims[i] is not None:
             return self.ims[i]
         im = self._read(i)
+        if self.full_size:
+            return im
         h0, w0 = im.shape[:2]
         h, w = self.resized_shape(h0, w0)
         if h < h0 or w < w0:
