@@ -38,8 +38,8 @@ def check_loggers(opt) -> None:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise UserError(f"--logger {name}: the '{package}' package is not installed; run 'pip install "
-                            f"{package}' (or pip install -r requirements-extras.txt), or drop --logger {name}") from None
+            raise UserError(f"--logger {name}: the '{package}' package is not installed; run 'pip install {package}' "
+                            f"(or pip install -r requirements-extras.txt), or drop --logger {name}") from None
 
 
 def end_status(exc_type) -> str:
