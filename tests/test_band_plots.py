@@ -66,3 +66,16 @@ def test_dataset_figure_has_size_bands_objects_per_image_and_classes():
     assert per_image.get_title() == "train objects per image"
     assert [p.get_height() for p in per_image.patches] == [1, 1, 0, 1]  # images with 0, 1, 2, 3 objects
     assert [p.get_width() for p in classes.patches] == [2, 2]
+
+
+def test_val_plot_bands_flag_writes_the_band_pr_plot(shapes_data, tiny_cfg, tmp_path):
+    import val
+    from tests.test_val_detect import _confident_model, _write_checkpoint
+
+    weights = _write_checkpoint(_confident_model(tiny_cfg), tmp_path / "tiny.pt")
+    common = ["--weights", str(weights), "--data", str(shapes_data), "--imgsz", "64", "--device", "cpu",
+              "--workers", "0", "--project", str(tmp_path)]
+    assert val.parse_opt(common).plot_bands is False  # opt-in
+    val.main(val.parse_opt([*common, "--name", "bands", "--plot-bands"]))
+    image = cv2.imread(str(tmp_path / "bands" / "PR_curve_bands.png"))
+    assert image is not None and image.shape[1] > 1000  # one panel per band family, side by side

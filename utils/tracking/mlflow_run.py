@@ -83,8 +83,9 @@ class MlflowTracker:
                 tags["resumed_from"] = self.resumed_from
             self.run_id = client.create_run(self.experiment_id, run_name=self.save_dir.name, tags=tags).info.run_id
             self._log_batch(client, params=params if params is not None else run_params(self.save_dir))
-            LOGGER.info(f"{PREFIX}run {self.run_id} in {self.uri}; browse with "
-                        f"'mlflow ui --backend-store-uri {self.uri}'")
+            browse = (f"open {self.uri}" if self.uri.startswith(("http://", "https://"))
+                      else f"browse with 'mlflow ui --backend-store-uri {self.uri}'")
+            LOGGER.info(f"{PREFIX}run {self.run_id} in {self.uri}; {browse}")
         else:
             client.update_run(self.run_id, status="RUNNING")
             LOGGER.info(f"{PREFIX}continuing run {self.run_id} in {self.uri} from epoch {start_epoch}")
