@@ -165,6 +165,21 @@ def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, monkeypatc
     assert "training continues without MLflow" in warnings[0]
 
 
+def test_an_unreachable_evolution_store_warns_once_for_all_generations(tmp_path, monkeypatch, log_lines):
+    from utils.tracking.mlflow_run import MlflowTracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    parent = MlflowTracker(tmp_path / "evolve" / "exp", Namespace(), params={}, keep_record=False)
+    for generation in range(2):
+        child = MlflowTracker(fake_run_folder(tmp_path / "evolve" / "exp" / f"gen{generation}"), Namespace(),
+                              parent=parent)
+        child.log_epoch(0, {"train/box_loss": 0.5})
+        child.end("FINISHED")
+    parent.end("FINISHED")
+    assert len([line for line in log_lines if "MLflow" in line and "WARNING" in line]) == 1, log_lines
+
+
 # ----------------------------------------------------------------------------------- training
 
 

@@ -60,6 +60,9 @@ class MlflowTracker:
         self.save_dir, self.uri, self.parent = Path(save_dir), tracking_uri(), parent
         self.client, self.run_id, self.experiment_id, self.ended, self.warned = None, None, None, False, False
         self.resumed_from = None
+        if parent is not None and parent.client is None:
+            self.warned = True  # the evolution's store failed and said so: its generations stay quiet
+            return
         try:
             self._open(opt, start_epoch, params, keep_record)
         except Exception as e:  # noqa: BLE001 -- whatever the store raises, training must go on without it
