@@ -232,14 +232,14 @@ def test_sigterm_marks_killed_and_resume_continues_the_same_run(shapes_data, tin
         if headers == 2:
             break
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 128 + signal.SIGTERM, out
     run_dir = tmp_path / "train" / "exp"
     client, run_id = MlflowClient(store), run_id_of(run_dir)
     assert client.get_run(run_id).info.status == "KILLED"
     assert steps(client, run_id, "train/box_loss") == [0]
     resumed = subprocess.run([sys.executable, "train.py", "--resume", str(run_dir / "weights" / "last.pt")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+                             cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert run_id_of(run_dir) == run_id
     assert client.get_run(run_id).info.status == "FINISHED"

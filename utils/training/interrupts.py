@@ -188,7 +188,8 @@ def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None,
             message += f"\nResume with:\n    {resume_command}"
         LOGGER.info(message)
     for callback in list(_BEFORE_EXIT):
-        callback()
+        with contextlib.suppress(Exception):  # a failing callback must not keep the process from exiting
+            callback()
     # Everything is saved and reported. Python restores the default handlers while it shuts down (slowly,
     # with torch loaded), so a late second signal would kill the process with -15 after the report: end now.
     flush_output()
