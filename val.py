@@ -249,11 +249,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     seen = len(record.stats)
     mp, mr, map50, map_, maps = _summarise(record.stats, nc, names, seen, plots, save_dir,
                                            verbose or (nc < 50 and not training), training)
-    bands = record.band_stats.compute() if record.band_stats else None
-    if bands and (verbose or not training):
-        log_band_table(bands)
-    if plot_bands and record.band_stats:
-        plot_band_pr(record.band_stats.pr_curves(), save_dir / "PR_curve_bands.png")
+    bands = _band_results(record.band_stats, verbose or not training, save_dir if plot_bands else None)
     times = tuple(x / max(seen, 1) * 1e3 for x in dt)
     if plots:
         plot_confusion_matrix(record.confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
@@ -266,6 +262,19 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
     results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
     return (results, maps, times, bands) if size_bands else (results, maps, times)
+
+
+def _band_results(band_stats, show: bool, plot_dir):
+    """The size-band metrics (None without ``band_stats``); printed when ``show``; with ``plot_dir``,
+    PR_curve_bands.png written there."""
+    if band_stats is None:
+        return None
+    bands = band_stats.compute()
+    if show:
+        log_band_table(bands)
+    if plot_dir is not None:
+        plot_band_pr(band_stats.pr_curves(), Path(plot_dir) / "PR_curve_bands.png")
+    return bands
 
 
 def detections_per_image(max_det, data: dict) -> int:

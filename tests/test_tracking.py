@@ -87,7 +87,7 @@ def test_missing_package_stops_train_py_before_any_folder(shapes_data, tiny_cfg,
     proc = subprocess.run(
         [sys.executable, "train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64",
          "--epochs", "1", "--device", "cpu", "--project", str(tmp_path / "runs"), "--logger", "mlflow"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(shadow.parent), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
