@@ -259,7 +259,6 @@ class RunContext:
     val_loader: Any = None
     results_log: ResultsLog | None = None
     saver: CheckpointSaver | None = None
-    tracker: Any = None  # utils.tracking.Trackers
 
     @property
     def weights_dir(self) -> Path:
@@ -309,7 +308,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
 
-    with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.tracker:
+    with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror:
         return report_run_end(ctx, loop, *loop.run())
 
 
@@ -535,8 +534,7 @@ class TrainLoop:
         stop = self.stopper(epoch=epoch, fitness=fi)
         self.best_fitness = max(self.best_fitness, fi)
         improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
-        row = ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr, *band_row(bands)])
-        ctx.tracker.log_epoch(epoch, row)
+        ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr, *band_row(bands)])
         if not opt.nosave or final_epoch or stop or self.interrupted:
             ctx.saver.save_epoch(self.state((epoch + 1, 0), cuda_rng), epoch, improved)
         return results, stop

@@ -13,13 +13,14 @@ COLUMNS = (
 
 
 class ResultsLog:
-    """Append-only CSV of per-epoch results (plain CSV, full float precision)."""
+    """Append-only CSV of per-epoch results (plain CSV, full float precision), mirrored to the run's trackers."""
 
     def __init__(self, path):
         self.path = Path(path)
+        self.mirror = None  # utils.tracking.Trackers while the run is tracked: each row is logged there too
 
-    def append(self, epoch: int, values) -> dict:
-        """Write the row for ``epoch``; ``values`` follow COLUMNS[1:]. Returns the row as {column: value}."""
+    def append(self, epoch: int, values) -> None:
+        """Write the row for ``epoch``; ``values`` follow COLUMNS[1:]."""
         values = [float(v) for v in values]
         if len(values) != len(COLUMNS) - 1:
             raise ValueError(f"results row needs {len(COLUMNS) - 1} values, got {len(values)}")
@@ -28,7 +29,8 @@ class ResultsLog:
             if new_file:
                 f.write(",".join(COLUMNS) + "\n")
             f.write(",".join([str(epoch), *(f"{v:.8g}" for v in values)]) + "\n")
-        return dict(zip(COLUMNS[1:], values))
+        if self.mirror is not None:
+            self.mirror.log_epoch(epoch, dict(zip(COLUMNS[1:], values)))
 
     def truncate(self, start_epoch: int) -> None:
         """Drop rows of epochs >= ``start_epoch`` (a resumed run rewrites them)."""
