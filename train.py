@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
     p.add_argument("--seed", type=int, default=0, help="global training seed")
     p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="DDP rank (torchrun sets LOCAL_RANK)")
-    p.add_argument("--logger", action="append", choices=LOGGERS, default=[], help="log to tensorboard/mlflow too (repeatable)")
+    p.add_argument("--logger", action="append", choices=LOGGERS, default=[], help="also log to a tracker (repeatable)")
     p.add_argument("--deterministic", nargs="?", const="scoped", default="scoped", choices=MODES,
                    help="determinism mode (default scoped; off must be asked for; see docs/determinism.md)")
     return p
