@@ -55,6 +55,7 @@ from utils.ops import check_img_size  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
 from utils.training.results_log import ResultsLog  # noqa: E402
+from utils.tracking import LOGGERS, check_loggers, start_tracking  # noqa: E402
 from utils.training.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                                       sigkill_after_batch, training_state)
 from utils.size_metrics import band_row  # noqa: E402
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
     p.add_argument("--seed", type=int, default=0, help="global training seed")
     p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="DDP rank (torchrun sets LOCAL_RANK)")
+    p.add_argument("--logger", action="append", choices=LOGGERS, default=[], help="also log to a tracker (repeatable)")
     p.add_argument("--deterministic", nargs="?", const="scoped", default="scoped", choices=MODES,
                    help="determinism mode (default scoped; off must be asked for; see docs/determinism.md)")
     return p
@@ -119,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers"),
                           files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),))
-RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval"}
+RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger"}
 
 
 def resolve_options(opt, argv=None):
@@ -291,7 +293,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch_size(opt, dist),
-                     plots=not opt.evolve and not opt.noplots)
+                     plots=not opt.evolve and not opt.noplots, results_log=ResultsLog(save_dir / "results.csv"))
     if dist.is_main:  # only now: bad options, data or model YAMLs leave no run folder behind
         create_run_folder(save_dir, opt, hyp)
     ctx.train_loader, dataset, ctx.val_loader = build_loaders(ctx, hyp, grid_size)
@@ -301,7 +303,6 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
                                    scale=box_scale(dataset.shapes, opt.train_tiles))
 
     loop = TrainLoop(ctx, model, hyp, amp)
-    ctx.results_log = ResultsLog(save_dir / "results.csv", tensorboard=dist.is_main and not opt.evolve)
     if resume_ckpt is not None:
         loop.restore(resume_ckpt)
         ctx.results_log.truncate(loop.start_epoch)
@@ -314,8 +315,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
 
-    results, last_epoch = loop.run()
-    return report_run_end(ctx, loop, results, last_epoch)
+    with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror:
+        return report_run_end(ctx, loop, *loop.run())
 
 
 def report_run_end(ctx: RunContext, loop, results, last_epoch):
@@ -562,6 +563,7 @@ def main(opt, argv=None):
     """Resolve options, set up devices (and DDP), then train or evolve."""
     dist = dist_info_from_env(opt.local_rank)
     opt, resume_ckpt = resolve_options(opt, argv)
+    check_loggers(opt)  # a missing package stops here, before any folder is made
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device
     device = select_device(opt.device, batch_size=opt.batch_size)

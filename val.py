@@ -36,7 +36,8 @@ from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_p
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import (check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh,  # noqa: E402
                        xyxy2xywhn)
-from utils.plots import output_to_target, plot_ap_curves, plot_confusion_matrix, plot_images  # noqa: E402
+from utils.plots import (output_to_target, plot_ap_curves, plot_band_pr, plot_confusion_matrix,  # noqa: E402
+                         plot_images)
 from utils.size_metrics import SizeBandStats, log_band_table  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor, to_letterbox  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
@@ -205,7 +206,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         device="", workers=8, single_cls=False, augment=False, verbose=False, save_txt=False, save_hybrid=False,
         save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False, half=True,
         model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None,
-        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, size_bands=False):
+        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, size_bands=False,
+        plot_bands=False):
     """Validate; returns ``((P, R, mAP50, mAP50-95, box, obj, cls losses), per-class mAP50-95 (nc,), times)``.
 
     ``times`` = per-image milliseconds (pre-process, inference, NMS). With ``model`` given (from
@@ -213,7 +215,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     ``max_det`` None takes the data YAML's ``max_det`` (:func:`detections_per_image`).
     ``size_bands=True`` appends a fourth item, the size-band metrics (utils/size_metrics.py), which
     are printed under the usual table outside training. ``slice_size`` > 0 predicts each full-size
-    image by sliced inference (utils/slicing.py) instead of one letterboxed pass.
+    image by sliced inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes
+    PR_curve_bands.png: precision-recall at IoU 0.5 per object-size band.
     """
     training = model is not None
     if training:
@@ -246,9 +249,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     seen = len(record.stats)
     mp, mr, map50, map_, maps = _summarise(record.stats, nc, names, seen, plots, save_dir,
                                            verbose or (nc < 50 and not training), training)
-    bands = record.band_stats.compute() if record.band_stats else None
-    if bands and (verbose or not training):
-        log_band_table(bands)
+    bands = _band_results(record.band_stats, verbose or not training, save_dir if plot_bands else None)
     times = tuple(x / max(seen, 1) * 1e3 for x in dt)
     if plots:
         plot_confusion_matrix(record.confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
@@ -261,6 +262,19 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
     results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
     return (results, maps, times, bands) if size_bands else (results, maps, times)
+
+
+def _band_results(band_stats, show: bool, plot_dir):
+    """The size-band metrics (None without ``band_stats``); printed when ``show``; with ``plot_dir``,
+    PR_curve_bands.png written there."""
+    if band_stats is None:
+        return None
+    bands = band_stats.compute()
+    if show:
+        log_band_table(bands)
+    if plot_dir is not None:
+        plot_band_pr(band_stats.pr_curves(), Path(plot_dir) / "PR_curve_bands.png")
+    return bands
 
 
 def detections_per_image(max_det, data: dict) -> int:
@@ -466,6 +480,7 @@ def parse_opt(argv=None):
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file and run pycocotools")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
+    parser.add_argument("--plot-bands", action="store_true", help="also write PR_curve_bands.png (PR per size band)")
     add_slice_arguments(parser)
     opt = check_options(parser.parse_args(argv), VAL_RULES)
     opt.save_txt |= opt.save_hybrid

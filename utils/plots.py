@@ -16,8 +16,9 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 from utils.errors import UserError
-from utils.metrics import smooth
+from utils.metrics import RECALL_POINTS, smooth
 from utils.ops import clip_boxes, xywh2xyxy, xyxy2xywh
+from utils.size_metrics import RESULT_COLUMNS as BAND_COLUMNS, SIZE_BANDS
 
 DEJAVU_FONT = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
 
@@ -227,8 +228,26 @@ def plot_labels(labels, names=(), save_dir=Path("")):
     _save_figure(fig, Path(save_dir) / "labels.jpg")
 
 
+def results_panels(data) -> list:
+    """The panels of results.png as ``[(title, [(curve label, column)])]`` for a results.csv DataFrame.
+
+    One panel per YOLOv5 column; the size-band columns share one panel per band family (COCO, AI-TOD),
+    drawn only for bands with at least one value (a band without labels is NaN throughout).
+    """
+    band_of = {column: band for column, band in zip(BAND_COLUMNS, SIZE_BANDS)}
+    panels, families = [], {}
+    for name in data.columns[1:]:
+        band = band_of.get(name)
+        if band is None:
+            panels.append((name, [("results", name)]))
+        elif data[name].notna().any():
+            families.setdefault(band.family, []).append((band.label, name))
+    return panels + [(f"mAP50-95 by object size ({family}, px)", curves) for family, curves in families.items()]
+
+
 def plot_results(file="results.csv", dir=""):
-    """Write results.png beside ``file`` (or in ``dir``): one panel per results.csv column against epoch."""
+    """Write results.png beside ``file`` (or in ``dir``): each results.csv column against epoch, the
+    size-band mAPs one panel per band family (see :func:`results_panels`)."""
     import pandas as pd
 
     file = Path(dir) / "results.csv" if dir else Path(file)
@@ -239,21 +258,41 @@ def plot_results(file="results.csv", dir=""):
     if data.shape[1] < 2 or not len(data):
         raise UserError(f"{file}: needs an epoch column, at least one metric column and one row")
     x = data.iloc[:, 0].to_numpy()
-    columns = list(data.columns[1:])
-    n_cols = min(5, len(columns))
-    n_rows = math.ceil(len(columns) / n_cols)
+    panels = results_panels(data)
+    n_cols = min(5, len(panels))
+    n_rows = math.ceil(len(panels) / n_cols)
     fig = _new_figure((3 * n_cols, 2.5 * n_rows))
     axes = np.atleast_1d(fig.subplots(n_rows, n_cols)).ravel()
-    for ax, name in zip(axes, columns):
-        y = data[name].to_numpy(dtype=float)
-        ax.plot(x, y, marker=".", linewidth=2, markersize=6, label="results")
-        if len(y) > 3:
-            ax.plot(x, smooth(y, 0.1), ":", label="smooth", linewidth=2)
-        ax.set_title(name, fontsize=10)
-    for ax in axes[len(columns):]:
+    for ax, (title, curves) in zip(axes, panels):
+        for label, name in curves:
+            y = data[name].to_numpy(dtype=float)
+            ax.plot(x, y, marker=".", linewidth=2, markersize=6, label=label)
+            if len(y) > 3 and len(curves) == 1:
+                ax.plot(x, smooth(y, 0.1), ":", label="smooth", linewidth=2)
+        if len(curves) > 1:
+            ax.legend(fontsize=6)
+        ax.set_title(title, fontsize=10)
+    for ax in axes[len(panels):]:
         ax.axis("off")
     axes[0].legend()
     _save_figure(fig, file.with_name("results.png"))
+
+
+def plot_band_pr(curves: dict, save_path, bands=SIZE_BANDS) -> None:
+    """Precision-recall at IoU 0.5 per size band: ``curves`` {band key: precision (101,) or None} from
+    :meth:`utils.size_metrics.SizeBandStats.pr_curves`; one panel per band family, empty bands left out."""
+    families = list(dict.fromkeys(b.family for b in bands))
+    fig = _new_figure((6 * len(families), 5))
+    axes = np.atleast_1d(fig.subplots(1, len(families)))
+    for ax, family in zip(axes, families):
+        for band in (b for b in bands if b.family == family and curves.get(b.key) is not None):
+            precision = curves[band.key]
+            ax.plot(RECALL_POINTS, precision, linewidth=2, label=f"{band.label} {precision.mean():.3f} mAP@0.5")
+        ax.set(xlabel="Recall", ylabel="Precision", xlim=(0, 1), ylim=(0, 1),
+               title=f"Precision-Recall by object size ({family}, px)")
+        if ax.get_lines():
+            ax.legend(loc="lower left", fontsize=8)
+    _save_figure(fig, save_path, dpi=150)
 
 
 def plot_pr_curve(px, py, ap, save_path, names=()):

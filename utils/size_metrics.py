@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from utils.logging import LOGGER
-from utils.metrics import IOU_THRESHOLDS, box_iou, compute_ap
+from utils.metrics import IOU_THRESHOLDS, RECALL_POINTS, box_iou, compute_ap
 
 _MAX_AREA = 1e5 ** 2  # pycocotools' upper bound for the open-ended bands
 
@@ -110,15 +110,36 @@ def band_ap(correct, ignored, conf, pred_cls, target_cls):
     for ci, (c, n_labels) in enumerate(zip(classes, counts)):
         of_class = order[pred_cls[order] == c]
         for t in range(n_iou):
-            kept = of_class[~ignored[of_class, t]]
-            if not len(kept):
-                continue
-            tp = correct[kept, t]
-            tpc, fpc = np.cumsum(tp), np.cumsum(~tp)
-            recall = tpc / n_labels
-            ap[ci, t] = compute_ap(recall, tpc / (tpc + fpc))[0]
-            recall_max[ci, t] = recall[-1]
+            ap[ci, t], _, recall_max[ci, t] = _class_ap(correct[:, t], ignored[:, t], of_class, n_labels)
     return float(ap[:, 0].mean()), float(ap.mean()), float(recall_max.mean())
+
+
+def _class_ap(correct, ignored, of_class, n_labels: int):
+    """(AP, precision at the 101 recall points (101,), final recall) of one class at one IoU threshold.
+
+    ``correct``/``ignored`` (n,) bool of every detection; ``of_class`` the class's detection indices in
+    descending confidence; ``n_labels`` its in-band labels.
+    """
+    kept = of_class[~ignored[of_class]]
+    if not len(kept):
+        return 0.0, np.zeros(len(RECALL_POINTS)), 0.0
+    tp = correct[kept]
+    tpc, fpc = np.cumsum(tp), np.cumsum(~tp)
+    recall = tpc / n_labels
+    ap, sampled = compute_ap(recall, tpc / (tpc + fpc))
+    return ap, sampled, float(recall[-1])
+
+
+def band_pr_curve(correct, ignored, conf, pred_cls, target_cls):
+    """Precision (101,) at the recall points ``RECALL_POINTS`` at IoU 0.5, the mean over the band's classes
+    (its mean is the band's mAP50); None when the band has no labels. Arguments as :func:`band_ap`."""
+    classes, counts = np.unique(target_cls, return_counts=True)
+    if not len(classes):
+        return None
+    order = np.argsort(-conf, kind="mergesort")
+    curves = [_class_ap(correct[:, 0], ignored[:, 0], order[pred_cls[order] == c], n)[1]
+              for c, n in zip(classes, counts)]
+    return np.mean(curves, 0)
 
 
 class SizeBandStats:
@@ -136,18 +157,25 @@ class SizeBandStats:
         for i, band in enumerate(self.bands):
             self.parts[band.key].append((correct[i], ignored[i], conf, pred_cls, labels[:, 0].numpy()[in_band[i]]))
 
+    def _arrays(self, band):
+        """(correct, ignored, conf, pred_cls, target_cls) of one band over all images added."""
+        parts, n_iou = self.parts[band.key], len(self.iou_thresholds)
+        if not parts:
+            return np.zeros((0, n_iou), bool), np.zeros((0, n_iou), bool), np.zeros(0), np.zeros(0), np.zeros(0)
+        return tuple(np.concatenate(x, 0) for x in zip(*parts))
+
     def compute(self):
         """{band key: {"instances", "map50", "map", "ar"}}; the metrics are NaN for a band without labels."""
-        n_iou = len(self.iou_thresholds)
         results = {}
         for band in self.bands:
-            parts = self.parts[band.key]
-            correct, ignored, conf, pred_cls, target_cls = (
-                (np.concatenate(x, 0) for x in zip(*parts)) if parts else
-                (np.zeros((0, n_iou), bool), np.zeros((0, n_iou), bool), np.zeros(0), np.zeros(0), np.zeros(0)))
-            map50, map_, ar = band_ap(correct, ignored, conf, pred_cls, target_cls)
-            results[band.key] = {"instances": int(len(target_cls)), "map50": map50, "map": map_, "ar": ar}
+            arrays = self._arrays(band)
+            map50, map_, ar = band_ap(*arrays)
+            results[band.key] = {"instances": int(len(arrays[4])), "map50": map50, "map": map_, "ar": ar}
         return results
+
+    def pr_curves(self):
+        """{band key: precision (101,) over ``RECALL_POINTS`` at IoU 0.5, or None for a band without labels}."""
+        return {band.key: band_pr_curve(*self._arrays(band)) for band in self.bands}
 
 
 def format_band_table(results, bands=SIZE_BANDS):

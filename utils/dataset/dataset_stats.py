@@ -162,31 +162,41 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_report(report: dict, path) -> None:
-    """Size histogram (log bins, AI-TOD bands marked) and class counts of the train split, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def report_figure(report: dict):
+    """The train split as a matplotlib Figure: the object-size histogram (log bins) with the AI-TOD band
+    edges drawn, objects per image, and objects per class."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported here: only --plot needs matplotlib
+    from matplotlib.figure import Figure
 
     st, names = report["splits"]["train"], report["names"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    fig = Figure(figsize=(18, 4), tight_layout=True)
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
     sizes = st["sizes"][st["sizes"] > 0]
     bins = np.geomspace(1, max(float(sizes.max()) if len(sizes) else 64, 64), 40)
     ax1.hist(sizes, bins=bins, color="tab:blue")
     ax1.set_xscale("log")
-    for edge in (8, 16, 32):
-        ax1.axvline(edge, color="tab:red", linestyle="--", linewidth=1)
+    for _, lo, _ in BANDS[1:]:
+        ax1.axvline(lo, color="tab:red", linestyle="--", linewidth=1)
+    for label, lo, hi in BANDS:
+        ax1.text(math.sqrt(max(lo, 1) * min(hi, bins[-1])), 0.98, label, transform=ax1.get_xaxis_transform(),
+                 ha="center", va="top", fontsize=7, color="tab:red")
     ax1.set(xlabel=f"object size sqrt(w*h), px at imgsz {report['imgsz']}", ylabel="objects",
             title="train object sizes (bands 8 / 16 / 32 px)")
+    per_image = st["per_image"]
+    ax2.hist(per_image, bins=np.arange(int(per_image.max()) + 2 if len(per_image) else 2) - 0.5, color="tab:orange")
+    ax2.set(xlabel="objects in the image", ylabel="images", title="train objects per image")
     counts = np.bincount(st["classes"], minlength=len(names))[:len(names)]
-    ax2.barh(range(len(names)), counts, color="tab:green")
-    ax2.set_yticks(range(len(names)), names)
-    ax2.set(xlabel="objects", title="train classes")
-    fig.tight_layout()
+    ax3.barh(range(len(names)), counts, color="tab:green")
+    ax3.set_yticks(range(len(names)), names)
+    ax3.set(xlabel="objects", title="train classes")
+    return fig
+
+
+def plot_report(report: dict, path) -> None:
+    """Write :func:`report_figure` as a PNG (atomically)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
+    report_figure(report).savefig(buffer, format="png", dpi=100)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -195,7 +205,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Report a data set's object sizes, classes and advice.")
     parser.add_argument("--data", required=True, help="data set YAML")
     parser.add_argument("--imgsz", type=int, default=640, help="training image size in pixels")
-    parser.add_argument("--plot", default="", help="also write the size and class plot to this PNG")
+    parser.add_argument("--plot", default="", help="also write a PNG: sizes, objects per image, classes")
     return parser.parse_args(argv)
 
 

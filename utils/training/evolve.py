@@ -19,6 +19,7 @@ import yaml
 from utils.errors import UserError
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
+from utils.tracking import evolution_run
 
 PREFIX = colorstr("evolve: ")
 
@@ -245,14 +246,15 @@ def evolve(hyp: dict, opt, train_fn) -> None:
     opt.noval, opt.nosave, opt.noplots = True, True, True
     base = deepcopy(hyp)
     done_before = len(read_evolve_csv(evolve_csv)[1])
-    for generation in range(done_before, done_before + opt.evolve):
-        trial = mutate_hyp(base, evolve_csv, generation_rng(opt.seed, evolve_csv))
-        trial_opt = deepcopy(opt)
-        trial_opt.save_dir = str(save_dir / f"gen{generation}")
-        results = train_fn(deepcopy(trial), trial_opt)
-        append_evolve_row(evolve_csv, RESULT_KEYS, results, trial)
-        LOGGER.info(f"Generation {generation + 1} ({generation - done_before + 1}/{opt.evolve} of this run) "
-                    f"done: {results}")
-    best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
-    plot_evolve(evolve_csv)
+    with evolution_run(opt):  # with --logger mlflow: one parent run, each generation a child run
+        for generation in range(done_before, done_before + opt.evolve):
+            trial = mutate_hyp(base, evolve_csv, generation_rng(opt.seed, evolve_csv))
+            trial_opt = deepcopy(opt)
+            trial_opt.save_dir = str(save_dir / f"gen{generation}")
+            results = train_fn(deepcopy(trial), trial_opt)
+            append_evolve_row(evolve_csv, RESULT_KEYS, results, trial)
+            LOGGER.info(f"Generation {generation + 1} ({generation - done_before + 1}/{opt.evolve} of this run) "
+                        f"done: {results}")
+        best_hyp(evolve_csv, save_dir / "hyp_evolve.yaml")
+        plot_evolve(evolve_csv)
     LOGGER.info(f"Hyperparameter evolution finished; best hyperparameters in {save_dir / 'hyp_evolve.yaml'}")

@@ -23,6 +23,7 @@ from utils.files import abandon_pending_writes
 from utils.logging import LOGGER
 
 _WATCHING = set()  # GracefulInterrupt instances whose watchdog thread is running in this process
+_BEFORE_EXIT = []  # callables exit_after_interrupt runs before the process ends (a tracker marks its run KILLED)
 
 
 def _after_fork_in_child() -> None:
@@ -164,6 +165,17 @@ def _already_stopping(signum, frame) -> None:
     LOGGER.warning(f"{signal.Signals(signum).name} received: already stopping, reporting what is on disk")
 
 
+def run_before_interrupt_exit(callback) -> None:
+    """Have :func:`exit_after_interrupt` call ``callback()`` before it ends the process (which skips ``finally``)."""
+    _BEFORE_EXIT.append(callback)
+
+
+def forget_before_interrupt_exit(callback) -> None:
+    """Undo :func:`run_before_interrupt_exit` (the block that needed it has ended)."""
+    if callback in _BEFORE_EXIT:
+        _BEFORE_EXIT.remove(callback)
+
+
 def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None, show: bool = True) -> None:
     """Say what the interrupted run left on disk (and how to resume, if it can), then exit.
 
@@ -175,6 +187,9 @@ def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None,
         if resume_command:
             message += f"\nResume with:\n    {resume_command}"
         LOGGER.info(message)
+    for callback in list(_BEFORE_EXIT):
+        with contextlib.suppress(Exception):  # a failing callback must not keep the process from exiting
+            callback()
     # Everything is saved and reported. Python restores the default handlers while it shuts down (slowly,
     # with torch loaded), so a late second signal would kill the process with -15 after the report: end now.
     flush_output()

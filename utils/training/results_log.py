@@ -1,9 +1,8 @@
-"""results.csv (one row per epoch, YOLOv5's column names, then the size-band mAPs) and TensorBoard scalars."""
+"""results.csv: one row per epoch, YOLOv5's column names, then the size-band mAPs (trackers: utils/tracking/)."""
 
 from pathlib import Path
 
 from utils.files import atomic_write_bytes
-from utils.logging import LOGGER, colorstr
 from utils.size_metrics import RESULT_COLUMNS as SIZE_BAND_COLUMNS
 
 COLUMNS = (
@@ -13,22 +12,12 @@ COLUMNS = (
 ) + SIZE_BAND_COLUMNS  # NaN where a band has no labels or the epoch was not validated
 
 
-def tensorboard_writer(log_dir):
-    """A SummaryWriter for ``log_dir`` if the optional ``tensorboard`` package is installed, else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional; results.csv has the same figures
-        return None
-    LOGGER.info(f"{colorstr('TensorBoard: ')}start with 'tensorboard --logdir {Path(log_dir).parent}'")
-    return SummaryWriter(str(log_dir))
-
-
 class ResultsLog:
-    """Append-only CSV of per-epoch results (plain CSV, full float precision), mirrored to TensorBoard."""
+    """Append-only CSV of per-epoch results (plain CSV, full float precision), mirrored to the run's trackers."""
 
-    def __init__(self, path, tensorboard=False):
+    def __init__(self, path):
         self.path = Path(path)
-        self.writer = tensorboard_writer(self.path.parent) if tensorboard else None
+        self.mirror = None  # utils.tracking.Trackers while the run is tracked: each row is logged there too
 
     def append(self, epoch: int, values) -> None:
         """Write the row for ``epoch``; ``values`` follow COLUMNS[1:]."""
@@ -40,10 +29,8 @@ class ResultsLog:
             if new_file:
                 f.write(",".join(COLUMNS) + "\n")
             f.write(",".join([str(epoch), *(f"{v:.8g}" for v in values)]) + "\n")
-        if self.writer:
-            for name, value in zip(COLUMNS[1:], values):
-                self.writer.add_scalar(name, value, epoch)
-            self.writer.flush()
+        if self.mirror is not None:
+            self.mirror.log_epoch(epoch, dict(zip(COLUMNS[1:], values)))
 
     def truncate(self, start_epoch: int) -> None:
         """Drop rows of epochs >= ``start_epoch`` (a resumed run rewrites them)."""
