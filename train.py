@@ -56,7 +56,8 @@ from utils.training.run_state import (CheckpointSaver, plain_opt, restore_traini
                                       sigkill_after_batch, training_state)
 from utils.size_metrics import band_row  # noqa: E402
 from utils.training.schedule import apply_warmup, lr_lambda  # noqa: E402
-from utils.determinism.op_audit import audit_model, detection_loss  # noqa: E402
+from utils.determinism.audit_cache import audit_key, cached_audit  # noqa: E402
+from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
                                configure_determinism, cuda_rng_state, de_parallel, intersect_dicts,
                                optimizer_step, prepare_cuda_environment, select_device, set_rng_state,
@@ -225,14 +226,21 @@ def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
     write_run_header(save_dir, opt, hyp)
 
 
-def run_start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> dict | None:
-    """Audit one training step before the first batch when determinism is on; let the policy act on it."""
+def run_start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> tuple:
+    """Audit one training step before the first batch when determinism is on; let the policy act on it.
+
+    Returns ``(report dict, {"path": "cached" | "computed", "file"})``, or ``(None, None)`` when off;
+    a model audited before with the same key is not audited again (utils/determinism/audit_cache.py).
+    """
     if policy.mode == "off":
-        return None
-    report = audit_model(model, imgsz=min(imgsz, 256), device=device, batch_size=2,
-                         loss_factory=detection_loss(hyp), amp=amp)
+        return None, None
+    imgsz, batch_size = min(imgsz, 256), 2
+    key = audit_key(model, mode=policy.mode, imgsz=imgsz, device=device, batch_size=batch_size, amp=amp, hyp=hyp)
+    report, path = cached_audit(key, lambda: audit_model(model, imgsz=imgsz, device=device, batch_size=batch_size,
+                                                         loss_factory=detection_loss(hyp), amp=amp),
+                                AuditReport.from_dict)
     LOGGER.info(f"{colorstr('determinism: ')}{policy.adopt_audit(report)}")
-    return report.to_dict()
+    return report.to_dict(), path
 
 
 # ---------------------------------------------------------------------------------------- train
@@ -281,7 +289,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     amp = check_amp(model)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
-    audit = run_start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
+    audit, audit_path = run_start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
@@ -303,7 +311,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     loop.wrap_ddp()
     if dist.is_main:
         write_json(save_dir / "determinism.json", determinism_report(
-            policy=policy, audit=audit, opt=opt, dist=dist, dataset=dataset, device=device))
+            policy=policy, audit=audit, audit_path=audit_path, opt=opt, dist=dist, dataset=dataset, device=device))
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
 
