@@ -227,18 +227,13 @@ def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
 
 
 def run_start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> tuple:
-    """Audit one training step before the first batch when determinism is on; let the policy act on it.
-
-    Returns ``(report dict, {"path": "cached" | "computed", "file"})``, or ``(None, None)`` when off;
-    a model audited before with the same key is not audited again (utils/determinism/audit_cache.py).
-    """
+    """Audit one training step (or read it from utils/determinism/audit_cache.py) unless off; the policy acts on
+    it. Returns ``(report dict, {"path": "cached" | "computed", "file"})``, ``(None, None)`` when off."""
     if policy.mode == "off":
         return None, None
-    imgsz, batch_size = min(imgsz, 256), 2
-    key = audit_key(model, mode=policy.mode, imgsz=imgsz, device=device, batch_size=batch_size, amp=amp, hyp=hyp)
-    report, path = cached_audit(key, lambda: audit_model(model, imgsz=imgsz, device=device, batch_size=batch_size,
-                                                         loss_factory=detection_loss(hyp), amp=amp),
-                                AuditReport.from_dict)
+    settings = dict(imgsz=min(imgsz, 256), device=device, batch_size=2, amp=amp)
+    compute = lambda: audit_model(model, loss_factory=detection_loss(hyp), **settings)  # noqa: E731
+    report, path = cached_audit(audit_key(model, mode=policy.mode, hyp=hyp, **settings), compute, AuditReport.from_dict)
     LOGGER.info(f"{colorstr('determinism: ')}{policy.adopt_audit(report)}")
     return report.to_dict(), path
 

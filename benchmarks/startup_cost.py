@@ -5,7 +5,8 @@
 
 Start-up is the wall time from launching ``python train.py ...`` to the first training batch:
 the child process runs train.py unchanged until its training loop would begin, writes the names
-of its loaded modules and exits. ``cold`` audits into an empty cache folder each time; ``cached``
+of its loaded modules and exits. Both its wall time and its CPU time (user + system, which moves
+much less with other processes' load) are reported. ``cold`` audits into an empty cache folder each time; ``cached``
 reads the audit that an untimed first run stored. Variants run round-robin (off, cold, cached,
 off, ...) so load drift spreads over all of them; figures are medians over rounds, and ratios
 are to ``off``. The last lines list the modules the cached path loads that ``off`` does not.
@@ -14,6 +15,7 @@ are to ``off``. The last lines list the modules the cached path loads that ``off
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,16 +42,25 @@ train.cli()
 """
 
 
-def start_up_seconds(argv: list, cache: str, modules_file: Path) -> float:
-    """Wall time of one child run of train.py with ``FFCA_AUDIT_CACHE=cache`` up to its first batch."""
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start_up_seconds(argv: list, cache: str, modules_file: Path) -> tuple:
+    """``(wall s, CPU s)`` of one child run of train.py with ``FFCA_AUDIT_CACHE=cache`` up to its first batch.
+
+    The CPU time (user + system) counts only the child's own work, so it moves far less with the
+    machine's load than the wall time does.
+    """
     program = CHILD.format(root=str(ROOT), modules=str(modules_file), argv=argv)
     env = {**os.environ, "FFCA_AUDIT_CACHE": cache}
-    start = time.perf_counter()
+    cpu, start = _children_cpu_seconds(), time.perf_counter()
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _children_cpu_seconds() - cpu
     if done.returncode != 0 or not modules_file.is_file():
         sys.exit(f"ERROR: train.py exited {done.returncode} before its first batch:\n{done.stderr[-2000:]}")
-    return seconds
+    return seconds, cpu
 
 
 def train_args(args, mode: str, project: Path) -> list:
@@ -78,14 +89,16 @@ def main():
                 project = tmp / f"{variant.replace(' ', '-')}-{round_index}"
                 samples[variant].append(start_up_seconds(train_args(args, mode, project), cache, modules[variant]))
         loaded = {variant: set(json.loads(path.read_text())) for variant, path in modules.items()}
-    base = statistics.median(samples["off"])
+    base = [statistics.median(s[i] for s in samples["off"]) for i in (0, 1)]
     print(f"{args.cfg}, {args.imgsz} px, CPU, {os.cpu_count()} cores, {args.rounds} rounds, "
           f"start-up = launch to first batch")
-    print("| variant | median s | vs off | minus off s | all rounds s |")
+    print("| variant | wall s (median) | vs off | minus off s | CPU s (median) | vs off | minus off s | "
+          "wall s, every round |")
     for variant in VARIANTS:
-        median = statistics.median(samples[variant])
-        rounds = ", ".join(f"{s:.1f}" for s in samples[variant])
-        print(f"| {variant} | {median:.2f} | {median / base:.2f}x | {median - base:+.2f} | {rounds} |")
+        wall, cpu = (statistics.median(s[i] for s in samples[variant]) for i in (0, 1))
+        rounds = ", ".join(f"{s[0]:.1f}" for s in samples[variant])
+        print(f"| {variant} | {wall:.2f} | {wall / base[0]:.2f}x | {wall - base[0]:+.2f} | {cpu:.2f} | "
+              f"{cpu / base[1]:.2f}x | {cpu - base[1]:+.2f} | {rounds} |")
     extra = sorted(loaded["scoped cached"] - loaded["off"])
     print(f"modules loaded by 'scoped cached' but not by 'off' ({len(extra)}): {', '.join(extra) or 'none'}")
     extra_cold = sorted(loaded["scoped cold"] - loaded["scoped cached"])
