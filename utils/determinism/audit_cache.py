@@ -54,12 +54,13 @@ def _digest(text: str | bytes) -> str:
 def _source_files(model: nn.Module) -> list:
     """The project source files of every module class in ``model`` (torch's own are covered by its version)."""
     files = set()
-    for module in model.modules():
+    torch_dir = Path(torch.__file__).parent
+    for cls in {type(module) for module in model.modules()}:
         try:
-            path = inspect.getsourcefile(type(module))
+            path = inspect.getsourcefile(cls)
         except TypeError:  # a class without Python source; its name is in the module tree's digest
             path = None
-        if path and not Path(path).resolve().is_relative_to(Path(torch.__file__).parent):
+        if path and not Path(path).resolve().is_relative_to(torch_dir):
             files.add(Path(path).resolve())
     return sorted(files) + [p for p in AUDIT_SOURCES if p not in files]
 
