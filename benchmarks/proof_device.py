@@ -15,18 +15,26 @@ every branch a GPU would take runs before a GPU sees it:
 
 Training runs, the audit, the raw strict loop and the timing run on the CPU for real; the SCAM
 rows use the block that fails on the CPU (``PutGradientSCAM``), which the audit flags for CUDA too.
+
+Once a GPU proof has run, ``python benchmarks/proof_device.py proof.json > table.json`` turns its
+record into a table of that device's measured outcomes (:func:`table_from_record`).
 """
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-import proof_ops
-import proof_runs
-from harness import peak_rss_gib, time_fixed_batch
-from utils.errors import UserError
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: utils/ must be importable
+    sys.path.insert(0, str(ROOT))
+
+import proof_ops  # noqa: E402
+import proof_runs  # noqa: E402
+from harness import peak_rss_gib, time_fixed_batch  # noqa: E402
+from utils.errors import UserError  # noqa: E402
 
 
 class LiveDevice:
@@ -123,3 +131,25 @@ class ReplayDevice(LiveDevice):
         if self.timing_rows == self.table.get("budget_cut_after_timing_rows"):
             self.offset = self.budget_s  # the proof's clock jumps a whole budget: every later check is skipped
         return result
+
+
+def table_from_record(record: dict) -> dict:
+    """A replay table from a GPU proof's ``proof.json``: the device's own outcomes, no faults.
+
+    Each ops row gives its battery case's ``actual`` and ``torch_message``; each control row its
+    number of distinct hashes; the AMP line is added when the record's AMP rows passed.
+    """
+    rows = record["rows"]
+    ops = {row["name"]: {"outcome": row["data"]["actual"], "message": row["data"].get("torch_message", "")}
+           for row in rows if row["section"] == "ops" and "actual" in row["data"]}
+    control = {row["name"].rsplit(" ", 1)[1]: len(row["data"]["hashes"])
+               for row in rows if row["section"] == "control" and "hashes" in row["data"]}
+    amp = [row for row in rows if row["name"].endswith(": AMP on")]
+    return {"source": f"recorded by: {record.get('command', '?')} on {record.get('device', '?')}",
+            "device": record.get("device", "cuda:0"), "ops": ops, "control": control,
+            "log_lines": ["AMP: checks passed"] if amp and all(r["status"] == "PASS" for r in amp) else [],
+            "killed_at_deadline": [], "budget_cut_after_timing_rows": None}
+
+
+if __name__ == "__main__":  # python benchmarks/proof_device.py proof.json > table.json
+    print(json.dumps(table_from_record(json.loads(Path(sys.argv[1]).read_text())), indent=1))

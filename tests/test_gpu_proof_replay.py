@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_proof  # noqa: E402
 import proof_runs  # noqa: E402
-from proof_device import ReplayDevice  # noqa: E402
+from proof_device import ReplayDevice, table_from_record  # noqa: E402
 from proof_report import DeadlineExceeded, Proof, row_kind  # noqa: E402
 
 TABLE = ROOT / "benchmarks" / "replay" / "cuda-torch-2.14.json"
@@ -57,6 +57,9 @@ def test_replayed_cuda_outcomes_agree_with_the_cpu_audit(tmp_path):
     assert rows["histc int"].data["audit_device"] == "meta"
     assert "on cuda" in rows["adaptive_max_pool2d output 1"].detail
     assert rows["index_add_ 10^6 -> 1 slot x20, off"].detail == "off: 7 distinct hash(es) in 20 runs"
+    record = json.loads((tmp_path / "p.json").read_text())  # as a GPU run would have written it
+    again = table_from_record(record)
+    assert again["ops"] == recorded()["ops"] and again["control"] == recorded()["control"]
 
 
 def test_replayed_faults_in_ops_and_control_give_mismatch_and_fail(tmp_path):
