@@ -5,9 +5,12 @@ The project promises bit-identical results for the same command on the same numb
 ranks, so they must end with the same weights and the same results.csv.
 """
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,22 +37,56 @@ def node_command(node_rank: int, port: int, train_args: list) -> list:
             "train.py", *map(str, train_args)]
 
 
-def run_two_nodes(train_args: list, logs: Path) -> list:
-    """Start both node launchers at once, wait for both; returns ``[(returncode, output), ...]`` by node rank."""
+def start_two_nodes(train_args: list, logs: Path, **env: str) -> list:
+    """Start both node launchers at once, each in its own process group, output to ``logs/nodeK.log``."""
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
+    for k in (0, 1):
+        with open(logs / f"node{k}.log", "w") as log:
+            procs.append(subprocess.Popen(node_command(k, port, train_args), cwd=ROOT, env={**launcher_env(), **env},
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def stop_all(procs: list) -> None:
+    """SIGKILL whatever is left of the launchers and their workers (their own process groups)."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def children(pid: int) -> list:
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def kill_node(launcher: subprocess.Popen) -> None:
+    """SIGKILL a node as a machine failure would: the launcher and its workers, which torchrun starts in
+    process groups of their own (killing the launcher alone leaves them training)."""
+    for pid in [launcher.pid, *children(launcher.pid)]:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone
+
+
+def run_two_nodes(train_args: list, logs: Path) -> list:
+    """Both node launchers to the end; returns ``[(returncode, output), ...]`` by node rank."""
+    procs = start_two_nodes(train_args, logs)
     try:
-        for k in (0, 1):
-            with open(logs / f"node{k}.log", "w") as log:
-                procs.append(subprocess.Popen(node_command(k, port, train_args), cwd=ROOT, env=launcher_env(),
-                                              stdout=log, stderr=subprocess.STDOUT))
         codes = [proc.wait(timeout=TIMEOUT_S) for proc in procs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
     return [(code, (logs / f"node{k}.log").read_text()) for k, code in enumerate(codes)]
 
 
@@ -67,3 +104,25 @@ def test_two_nodes_on_one_machine_equal_two_processes_on_one_node(shapes_data, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nodes", "one-node"]  # node 1 wrote no run folder
     assert checksum(tmp_path / "nodes") == checksum(tmp_path / "one-node")
     assert rows(tmp_path / "nodes") == rows(tmp_path / "one-node")
+
+
+@pytest.mark.slow
+def test_a_killed_node_makes_the_other_exit_non_zero_within_the_timeout(shapes_data, tiny_cfg, tmp_path):
+    """SIGKILL node 1's launcher once training has started: node 0 must fail, not hang (process-group timeout 30 s)."""
+    args = ["--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, "--name", "killed",
+            *COMMON[:COMMON.index("--epochs")], "--epochs", "50", *COMMON[COMMON.index("--epochs") + 2:]]
+    logs = tmp_path.parent / f"{tmp_path.name}-logs"
+    procs = start_two_nodes(args, logs, FFCA_DDP_TIMEOUT_MIN="0.5")
+    try:
+        while "Starting training" not in (logs / "node0.log").read_text():  # node 0's rank 0 logs for the run
+            assert procs[0].poll() is None, (logs / "node0.log").read_text()[-3000:]
+            time.sleep(0.5)
+        kill_node(procs[1])
+        killed_at = time.monotonic()
+        code = procs[0].wait(timeout=TIMEOUT_S)
+        waited = time.monotonic() - killed_at
+    finally:
+        stop_all(procs)
+    assert code != 0, (logs / "node0.log").read_text()[-3000:]
+    assert waited < 30 + 120, waited  # the 30 s timeout plus the launcher's own shutdown on a loaded machine
+    assert "epochs completed" not in (logs / "node0.log").read_text()  # it stopped, it did not finish
