@@ -25,7 +25,8 @@ Exit code: 0 without FAIL rows and nothing skipped for the budget, 1 otherwise, 
 
 ``--replay TABLE --quick`` runs the same code on a CPU against a table of a device's outcomes
 (``benchmarks/proof_device.py``; the test suite replays ``benchmarks/replay/cuda-torch-2.14.json``
-with faults added, so every row kind and every CUDA branch has run before a GPU sees it).
+with faults added, so every row kind and the proof's CUDA branches have run before a GPU sees them;
+only ``LiveDevice``'s own CUDA calls, such as the peak-memory statistics, have not).
 """
 
 import argparse

@@ -2,7 +2,8 @@
 
 :class:`LiveDevice` does it for real. :class:`ReplayDevice` replays a table of device outcomes
 (JSON, e.g. ``benchmarks/replay/cuda-torch-2.14.json``) through the same proof code on a CPU, so
-every branch a GPU would take runs before a GPU sees it:
+the proof's branches for a GPU run before a GPU sees them (only :class:`LiveDevice`'s own CUDA
+calls, e.g. the peak-memory statistics, do not):
 
 - ``ops``: per battery case, what the device does under ``use_deterministic_algorithms(True)``
   (``{"outcome": "raises" | "runs" | "unsupported", "message": PyTorch's first line}``);
