@@ -1,9 +1,9 @@
 """benchmarks/gpu_proof.py: its CPU run passes in full, and its parts report what they see.
 
 The slow test runs the whole proof on the CPU (``--device cpu --quick``), which takes the CPU
-branches; tests/test_gpu_proof_replay.py replays the CUDA ones. The fast tests pin the parts: a failing check becomes a
-FAIL row without stopping the others, a mismatch between audit and device is a FAIL, a spent
-budget skips, and bad arguments exit 2 with one line.
+branches; tests/test_gpu_proof_replay.py replays the CUDA ones. The fast tests pin the parts: a
+failing check becomes a FAIL row without stopping the others, a mismatch between audit and
+device is a FAIL, a spent budget skips, and bad arguments exit 2 with one line.
 """
 
 import json
