@@ -60,7 +60,7 @@ from utils.training.run_state import (CheckpointSaver, plain_opt, restore_traini
                                       sigkill_after_batch, training_state)
 from utils.size_metrics import band_row  # noqa: E402
 from utils.training.schedule import apply_warmup, lr_lambda  # noqa: E402
-from utils.determinism.op_audit import audit_model, detection_loss  # noqa: E402
+from utils.determinism.audit_cache import start_up_audit  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
                                configure_determinism, cuda_rng_state, de_parallel, intersect_dicts,
                                optimizer_step, prepare_cuda_environment, select_device, set_rng_state,
@@ -231,16 +231,6 @@ def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
     write_run_header(save_dir, opt, hyp)
 
 
-def run_start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> dict | None:
-    """Audit one training step before the first batch when determinism is on; let the policy act on it."""
-    if policy.mode == "off":
-        return None
-    report = audit_model(model, imgsz=min(imgsz, 256), device=device, batch_size=2,
-                         loss_factory=detection_loss(hyp), amp=amp)
-    LOGGER.info(f"{colorstr('determinism: ')}{policy.adopt_audit(report)}")
-    return report.to_dict()
-
-
 # ---------------------------------------------------------------------------------------- train
 
 
@@ -288,7 +278,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
     opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid_size, resume_ckpt, opt.rect)
-    audit = run_start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
+    audit, audit_path = start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
@@ -311,7 +301,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     loop.wrap_ddp()
     if dist.is_main:
         write_json(save_dir / "determinism.json", determinism_report(
-            policy=policy, audit=audit, opt=opt, dist=dist, dataset=dataset, device=device))
+            policy=policy, audit=audit, audit_path=audit_path, opt=opt, dist=dist, dataset=dataset, device=device))
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
 

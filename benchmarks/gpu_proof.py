@@ -22,6 +22,11 @@ Sections (each row PASS, FAIL, SKIP or INFO; the table is printed and written to
 
 Exit code: 0 without FAIL rows and nothing skipped for the budget, 1 otherwise, 2 for bad arguments.
 ``--workdir`` gets a new subfolder per run, so rerunning with the same one is safe.
+
+``--replay TABLE --quick`` runs the same code on a CPU against a table of a device's outcomes
+(``benchmarks/proof_device.py``; the test suite replays ``benchmarks/replay/cuda-torch-2.14.json``
+with faults added, so every row kind and the proof's CUDA branches have run before a GPU sees them;
+only ``LiveDevice``'s own CUDA calls, such as the peak-memory statistics, have not).
 """
 
 import argparse
@@ -45,11 +50,12 @@ for _path in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 import proof_modules  # noqa: E402  (registers the SCAM variants in this process too)
-from harness import HYP, peak_rss_gib, time_fixed_batch  # noqa: E402
+from harness import HYP  # noqa: E402
 from models.yolo import Model  # noqa: E402
+from proof_device import LiveDevice, ReplayDevice  # noqa: E402
 from proof_ops import CASES, TORCH_ALERT, battery_case, control_off, control_strict, run_audit  # noqa: E402
 from proof_report import Proof, info, skip, verdict  # noqa: E402
-from proof_runs import RunSettings, finished, kill_and_resume, run_named  # noqa: E402
+from proof_runs import RunSettings, finished  # noqa: E402
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
@@ -105,28 +111,30 @@ def make_data(folder: Path, plan: Plan) -> Path:
 # ----------------------------------------------------------------------------- ops and control
 
 
-def ops_section(proof: Proof, device: torch.device) -> None:
+def ops_section(proof: Proof, layer: LiveDevice) -> None:
     """One row per battery case, then the detection control."""
+    device = layer.device
     for name in CASES:
-        proof.check("ops", name, lambda name=name: battery_case(name, device))
-    proof.check("control", "index_add_ 10^6 -> 1 slot x20, strict", lambda: control_strict(device))
-    proof.check("control", "index_add_ 10^6 -> 1 slot x20, off", lambda: control_off(device))
+        proof.check("ops", name, lambda name=name: battery_case(name, device, layer.strict_outcome))
+    proof.check("control", "index_add_ 10^6 -> 1 slot x20, strict",
+                lambda: control_strict(device, layer.index_add_hashes))
+    proof.check("control", "index_add_ 10^6 -> 1 slot x20, off", lambda: control_off(device, layer.index_add_hashes))
 
 
 # ----------------------------------------------------------------------------- training runs
 
 
-def start_reruns(pool, settings: RunSettings, cfgs: tuple, deadline: float) -> dict:
+def start_reruns(pool, layer: LiveDevice, settings: RunSettings, cfgs: tuple, deadline: float) -> dict:
     """Submit, per model in ``cfgs``, a reference run, a rerun, a ``--workers 0`` rerun and a kill-and-resume run.
 
     The kill-and-resume chains (a run, then its resume) are the longest tasks, so they are submitted first:
     queued behind other runs they would end past the deadline and be reported as killed.
     """
-    futures = {cfg: {"killed": pool.submit(kill_and_resume, settings, cfg, f"{cfg.stem}-killed", deadline)}
+    futures = {cfg: {"killed": pool.submit(layer.kill_and_resume, settings, cfg, f"{cfg.stem}-killed", deadline)}
                for cfg in cfgs}
     runs = {"first": (), "again": (), "workers0": ("--workers", "0")}
     for cfg in cfgs:
-        futures[cfg].update({key: pool.submit(run_named, settings, cfg, f"{cfg.stem}-{key}", deadline, *flags)
+        futures[cfg].update({key: pool.submit(layer.run_named, settings, cfg, f"{cfg.stem}-{key}", deadline, *flags)
                              for key, flags in runs.items()})
     return futures
 
@@ -187,11 +195,12 @@ def rerun_rows(proof: Proof, cfg: Path, futures: dict, cuda: bool) -> None:
 # ----------------------------------------------------------------------------- the SCAM
 
 
-def start_scam_runs(pool, settings: RunSettings, cfg: Path, deadline: float) -> dict:
+def start_scam_runs(pool, layer: LiveDevice, settings: RunSettings, cfg: Path, deadline: float) -> dict:
     """Submit strict, scoped and AutoBatch-scoped runs of the flagged SCAM model."""
     runs = {"strict": ("--deterministic", "strict"), "scoped": ("--deterministic", "scoped"),
             "autobatch": ("--deterministic", "scoped", "--batch-size", "-1")}
-    return {key: pool.submit(run_named, settings, cfg, f"scam-{key}", deadline, *flags) for key, flags in runs.items()}
+    return {key: pool.submit(layer.run_named, settings, cfg, f"scam-{key}", deadline, *flags)
+            for key, flags in runs.items()}
 
 
 def scam_audit_row(cfg: Path, block: str, device_type: str):
@@ -247,11 +256,11 @@ def scoped_row(future, what: str):
                                     + (f"; {autobatch[-1][:120]}" if autobatch else ""))
 
 
-def scam_section(proof: Proof, device: torch.device, futures: dict, cfg: Path, block: str, imgsz: int) -> None:
-    """The SCAM rows (run futures were submitted earlier); ``block`` fails under strict on ``device``."""
-    proof.check("scam", f"{block}: CPU audit names its op", lambda: scam_audit_row(cfg, block, device.type))
+def scam_section(proof: Proof, layer: LiveDevice, futures: dict, cfg: Path, block: str, imgsz: int) -> None:
+    """The SCAM rows (run futures were submitted earlier); ``block`` fails under strict where the work runs."""
+    proof.check("scam", f"{block}: CPU audit names its op", lambda: scam_audit_row(cfg, block, layer.device.type))
     proof.check("scam", f"{block}: raw strict loop raises PyTorch's error",
-                lambda: raw_strict_row(cfg, block, device, imgsz))
+                lambda: raw_strict_row(cfg, block, layer.run_device, imgsz))
     proof.check("scam", f"{block}: train.py strict stops before batch 1",
                 lambda: strict_stop_row(futures["strict"], block))
     proof.check("scam", f"{block}: train.py scoped trains", lambda: scoped_row(futures["scoped"], "scoped"))
@@ -262,23 +271,21 @@ def scam_section(proof: Proof, device: torch.device, futures: dict, cfg: Path, b
 # ----------------------------------------------------------------------------- timing
 
 
-def timing_section(proof: Proof, plan: Plan, device: torch.device, data_yaml: Path) -> None:
+def timing_section(proof: Proof, plan: Plan, layer: LiveDevice, data_yaml: Path) -> None:
     """Time per training step on one fixed batch, per mode, with the ratio to the first mode that measured."""
+    cuda = layer.run_device.type == "cuda"
     for cfg, imgsz, batch in plan.timing:
         base = {}
         for mode in MODES:
             def measure(mode=mode, cfg=cfg, imgsz=imgsz, batch=batch):
-                cuda = device.type == "cuda"
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats(device)
-                seconds = time_fixed_batch(cfg, imgsz, batch, mode, device, data_yaml, plan.warmup, plan.batches)
-                peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else peak_rss_gib()
+                seconds, peak_gib = layer.time_fixed_batch(cfg, imgsz, batch, mode, data_yaml, plan.warmup,
+                                                           plan.batches)
                 if not base:  # the first mode that measured is the baseline (off unless off failed)
                     base.update(mode=mode, seconds=seconds)
                 return info(f"{seconds * 1000:.1f} ms/batch, {batch / seconds:.1f} img/s, "
                             f"x{seconds / base['seconds']:.3f} vs {base['mode']}, "
-                            f"peak {'allocated' if cuda else 'RSS'} {peak_gib:.2f} GiB", seconds=seconds, images_per_s=batch / seconds, peak_gib=peak_gib,
-                            baseline=base["mode"])
+                            f"peak {'allocated' if cuda else 'RSS'} {peak_gib:.2f} GiB", seconds=seconds,
+                            images_per_s=batch / seconds, peak_gib=peak_gib, baseline=base["mode"])
             proof.check("timing", f"{cfg.stem} {imgsz}px batch {batch}: {mode}", measure)
 
 
@@ -296,7 +303,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=None, help="training processes at once (default 6 on CUDA, 2 on CPU)")
     p.add_argument("--workdir", default=None,
                    help="folder that gets a new subfolder for data and runs (default: a temporary one)")
+    p.add_argument("--replay", default=None, metavar="TABLE",
+                   help="with --quick: replay a JSON table of a device's outcomes on the CPU (see proof_device.py)")
     args = p.parse_args(argv)
+    if args.replay and not args.quick:
+        raise UserError(f"--replay {args.replay}: a replay runs the quick plan on the CPU; add --quick")
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be at least 1")
     if args.budget is not None and args.budget <= 0:
@@ -310,49 +321,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def prove(proof: Proof, plan: Plan, device: torch.device, work: Path, jobs: int) -> None:
-    """Run every section into ``proof``; training processes run ``jobs`` at a time."""
-    cuda = device.type == "cuda"
-    ops_section(proof, device)
+def prove(proof: Proof, plan: Plan, layer: LiveDevice, work: Path, jobs: int) -> None:
+    """Run every section into ``proof`` on ``layer``'s device; training processes run ``jobs`` at a time."""
+    ops_section(proof, layer)
     data_yaml = make_data(work, plan)
-    child_device = str(device.index or 0) if cuda else "cpu"
-    threads = None if cuda else max(1, (os.cpu_count() or 1) // jobs)
+    child_device = layer.child_device()
+    threads = None if layer.run_device.type == "cuda" else max(1, (os.cpu_count() or 1) // jobs)
     runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, plan.epochs, plan.batch_size, plan.workers,
                        threads=threads)
-    block = proof_modules.flagged_block(device.type)
+    block = proof_modules.flagged_block(layer.run_device.type)
     scam_cfg = proof_modules.write_scam_variant(plan.scam_base, block, work)
     scam_runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, 1, plan.batch_size, plan.workers,
                             custom_modules=True, threads=threads)
     deadline = time.monotonic() + max(proof.remaining() - plan.timing_reserve_s, 10)
     with ThreadPoolExecutor(jobs) as pool:
-        reruns = start_reruns(pool, runs, plan.rerun_models, deadline)
-        scam = start_scam_runs(pool, scam_runs, scam_cfg, deadline)
-        scam_section(proof, device, scam, scam_cfg, block, plan.imgsz)
+        reruns = start_reruns(pool, layer, runs, plan.rerun_models, deadline)
+        scam = start_scam_runs(pool, layer, scam_runs, scam_cfg, deadline)
+        scam_section(proof, layer, scam, scam_cfg, block, plan.imgsz)
         for cfg, futures in reruns.items():
-            rerun_rows(proof, cfg, futures, cuda)
-    timing_section(proof, plan, device, data_yaml)
+            rerun_rows(proof, cfg, futures, layer.device.type == "cuda")
+    timing_section(proof, plan, layer, data_yaml)
+
+
+def chosen_device(request: str) -> torch.device:
+    """The device to prove; never a quiet fall-back to the CPU (select_device has not started the driver before)."""
+    try:
+        return select_device(request)
+    except UserError as e:
+        raise UserError(f"{e} (the proof's CPU check is --device cpu --quick)") from None
 
 
 @exit_on_user_error
 def main(argv=None) -> int:
     """Run the proof, print the table, write ``--out``; 0 without FAIL rows, else 1."""
     args = parse_args(argv)
-    try:  # never fall back to the CPU quietly: an unusable CUDA stops here (select_device: no driver start before)
-        device = select_device(args.device)
-    except UserError as e:
-        raise UserError(f"{e} (the proof's CPU check is --device cpu --quick)") from None
     plan = QUICK if args.quick else FULL
-    proof = Proof(Path(args.out), args.budget or plan.budget_s,
-                  {"command": " ".join(sys.argv), "device": str(device), "quick": args.quick,
-                   "environment": environment_report()})
-    jobs = args.jobs or (6 if device.type == "cuda" else 2)
+    budget = args.budget or plan.budget_s
+    layer = ReplayDevice.from_file(args.replay, budget) if args.replay else LiveDevice(chosen_device(args.device))
+    proof = Proof(Path(args.out), budget,
+                  {"command": " ".join(sys.argv), "device": str(layer.device), "quick": args.quick,
+                   "replay": args.replay, "environment": environment_report()}, clock=layer.clock)
+    jobs = args.jobs or (6 if layer.run_device.type == "cuda" else 2)
     complete = False
     try:
         with tempfile.TemporaryDirectory(prefix="gpu_proof_") as folder:
             if args.workdir:  # a fresh folder inside it, so a rerun on a warm machine finds nothing in the way
                 Path(args.workdir).mkdir(parents=True, exist_ok=True)
                 folder = tempfile.mkdtemp(prefix="gpu_proof_", dir=args.workdir)
-            prove(proof, plan, device, Path(folder), jobs)
+            prove(proof, plan, layer, Path(folder), jobs)
         complete = True
     finally:
         proof.write(complete=complete)

@@ -142,10 +142,14 @@ def predicted_failures(op: Callable, device_type: str) -> tuple[bool, list, str]
     return bool(failing), sorted({f"{f.op} ({f.phase})" for f in failing}), where
 
 
-def battery_case(name: str, device: torch.device) -> Verdict:
-    """One row: the CPU audit's prediction for ``device`` against what ``device`` does under strict."""
+def battery_case(name: str, device: torch.device, outcome: Callable | None = None) -> Verdict:
+    """One row: the CPU audit's prediction for ``device`` against what ``device`` does under strict.
+
+    ``outcome(name, op, device)`` gives the device's side (default :func:`strict_outcome`; a replay
+    passes recorded outcomes).
+    """
     op = CASES[name]
-    actual, message = strict_outcome(op, device)
+    actual, message = outcome(name, op, device) if outcome else strict_outcome(op, device)
     if actual == "unsupported":
         return skip(f"{device.type} has no kernel for this case: {message}", actual=actual, torch_message=message)
     predicted, ops, where = predicted_failures(op, device.type)
@@ -172,15 +176,15 @@ def index_add_hashes(device: torch.device, deterministic: bool, repeats: int = 2
     return hashes
 
 
-def control_strict(device: torch.device) -> Verdict:
-    """Under strict the 20 sums must be bit-identical."""
-    hashes = index_add_hashes(device, deterministic=True)
+def control_strict(device: torch.device, hashes_of: Callable = index_add_hashes) -> Verdict:
+    """Under strict the 20 sums must be bit-identical (``hashes_of``: :func:`index_add_hashes` or a replay)."""
+    hashes = hashes_of(device, True)
     return verdict(len(hashes) == 1, f"strict: {len(hashes)} distinct hash(es) in 20 runs", hashes=sorted(hashes))
 
 
-def control_off(device: torch.device) -> Verdict:
+def control_off(device: torch.device, hashes_of: Callable = index_add_hashes) -> Verdict:
     """Without determinism a GPU should give several sums (so the proof can see non-determinism)."""
-    hashes = index_add_hashes(device, deterministic=False)
+    hashes = hashes_of(device, False)
     detail = f"off: {len(hashes)} distinct hash(es) in 20 runs"
     if device.type != "cuda":
         return info(f"{detail} (the CPU kernel need not vary; not a claim)", hashes=sorted(hashes))

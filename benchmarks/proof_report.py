@@ -15,6 +15,10 @@ from typing import Callable
 from utils.files import atomic_write_bytes
 
 STATUSES = ("PASS", "FAIL", "SKIP", "INFO")
+# What a row says, finer than its status: a FAIL is a MISMATCH (audit and device disagree), a
+# TIMEOUT (a run killed at the proof's deadline) or a plain FAIL; a SKIP is for the budget or not.
+KINDS = ("PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "SKIP", "INFO")
+BUDGET_SKIP = "time budget"
 NAME_WIDTH = 56
 
 
@@ -42,6 +46,10 @@ def info(detail: str, **data) -> Verdict:
     return Verdict("INFO", detail, data)
 
 
+class DeadlineExceeded(RuntimeError):
+    """A training run was still going at the proof's deadline and was killed."""
+
+
 def one_line(error: BaseException) -> str:
     """``'TypeName: first line of the message'``."""
     text = str(error).strip().splitlines()
@@ -63,17 +71,18 @@ class Row:
 class Proof:
     """Collects rows under a wall-clock budget and keeps ``out`` (JSON) up to date."""
 
-    def __init__(self, out: Path, budget_s: float, meta: dict):
+    def __init__(self, out: Path, budget_s: float, meta: dict, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock  # a replay (benchmarks/proof_device.py) passes one that can jump to a budget cut
         self.out = Path(out)
         self.budget_s = budget_s
         self.meta = dict(meta)
         self.rows: list[Row] = []
         self.budget_skips = 0  # checks not run because the budget was spent: the proof is then incomplete
-        self.started = time.monotonic()
+        self.started = clock()
 
     def elapsed(self) -> float:
         """Seconds since the proof started."""
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def remaining(self) -> float:
         """Seconds left in the budget (negative once it is spent)."""
@@ -83,11 +92,13 @@ class Proof:
         """Run ``func`` unless the budget is spent; any exception becomes a FAIL row with its reason."""
         t0 = time.monotonic()
         if self.remaining() <= 0:
-            result = skip(f"time budget of {self.budget_s:.0f} s spent before this check")
+            result = skip(f"{BUDGET_SKIP} of {self.budget_s:.0f} s spent before this check")
             self.budget_skips += 1
         else:
             try:
                 result = func()
+            except DeadlineExceeded as e:
+                result = Verdict("FAIL", one_line(e), {"timeout": True})
             except Exception as e:  # one failing check must not stop the proof
                 result = Verdict("FAIL", one_line(e))
         row = Row(section, name, result.status, result.detail, round(time.monotonic() - t0, 3), result.data)
@@ -118,6 +129,18 @@ class Proof:
         lines.append(", ".join(f"{n} {status}" for status, n in self.counts().items())
                      + f" in {self.elapsed():.0f} s (budget {self.budget_s:.0f} s)")
         return "\n".join(lines)
+
+
+def row_kind(row) -> str:
+    """The row's kind from :data:`KINDS` (``row`` is a :class:`Row` or its JSON dict)."""
+    row = row if isinstance(row, dict) else asdict(row)
+    if row["status"] == "FAIL" and row["detail"].startswith("MISMATCH"):
+        return "MISMATCH"
+    if row["status"] == "FAIL" and row["data"].get("timeout"):
+        return "TIMEOUT"
+    if row["status"] == "SKIP" and row["detail"].startswith(BUDGET_SKIP):
+        return "SKIP budget"
+    return row["status"]
 
 
 def format_row(row: Row) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from proof_report import DeadlineExceeded
 from utils.training.run_state import SIGKILL_AFTER_BATCH_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,7 @@ class RunResult:
     log: str
     run_dir: Path
     seconds: float
+    timed_out: bool = False  # still going at the proof's deadline, and killed for it
 
     def checksum(self) -> str:
         """The final EMA weights' SHA-256 from ``weights/sha256.txt``."""
@@ -122,12 +124,13 @@ def run_to_end(cmd: list, project: Path, name: str, timeout: float, threads: int
     log_file = project / f"{name}.log"
     t0 = time.monotonic()
     proc = _start(cmd, log_file, threads)
+    timed_out = False
     try:
         proc.wait(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
+        timed_out = True
         _kill_group(proc)
-    return RunResult(name, proc.returncode, read_log(log_file), project / name,
-                     time.monotonic() - t0)
+    return RunResult(name, proc.returncode, read_log(log_file), project / name, time.monotonic() - t0, timed_out)
 
 
 def _mid_epoch_position(last_pt: Path) -> list | None:
@@ -151,16 +154,17 @@ def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float, threads:
     log_file = project / f"{name}.log"
     t0 = time.monotonic()
     proc = _start(cmd, log_file, threads, **{SIGKILL_AFTER_BATCH_ENV: str(batch)})
+    timed_out = False
     try:
         proc.wait(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
-        pass
+        timed_out = True
     finally:
         _kill_group(proc)  # also its data-loader workers, orphaned by the SIGKILL
-    killed = proc.returncode == -signal.SIGKILL
+    killed = proc.returncode == -signal.SIGKILL and not timed_out
     position = _mid_epoch_position(project / name / "weights" / "last.pt") if killed else None
-    return position, RunResult(name, proc.returncode, read_log(log_file), project / name,
-                               time.monotonic() - t0)
+    return position, RunResult(name, proc.returncode, read_log(log_file), project / name, time.monotonic() - t0,
+                               timed_out)
 
 
 def resume(run: RunResult, settings: RunSettings, timeout: float) -> RunResult:
@@ -168,13 +172,15 @@ def resume(run: RunResult, settings: RunSettings, timeout: float) -> RunResult:
     cmd = launcher(settings.custom_modules) + ["--resume", str(run.run_dir / "weights" / "last.pt"),
                                                "--save-interval", "0"]
     resumed = run_to_end(cmd, settings.project, f"{run.name}-resume", timeout, settings.threads)
-    return RunResult(resumed.name, resumed.returncode, resumed.log, run.run_dir, resumed.seconds)
+    return RunResult(resumed.name, resumed.returncode, resumed.log, run.run_dir, resumed.seconds, resumed.timed_out)
 
 
 def kill_and_resume(settings: RunSettings, cfg: Path, name: str, timeout_at: float) -> tuple:
     """SIGKILL a run mid-epoch, resume it; returns ``(position, resumed RunResult)``."""
     cmd = settings.command(cfg, name)
     position, killed = kill_mid_epoch(cmd, settings.project, name, timeout_at - time.monotonic(), settings.threads)
+    if killed.timed_out:
+        finished(killed)  # raises DeadlineExceeded
     if position is None:
         raise RuntimeError(f"{name}: no mid-epoch checkpoint before the run ended (exit {killed.returncode}): "
                            f"{killed.tail()}")
@@ -188,6 +194,9 @@ def run_named(settings: RunSettings, cfg: Path, name: str, timeout_at: float, *o
 
 
 def finished(run: RunResult) -> None:
-    """Raise with the log's last line unless ``run`` exited 0."""
+    """Raise with the log's last line unless ``run`` exited 0 (DeadlineExceeded if the deadline killed it)."""
+    if run.timed_out:
+        raise DeadlineExceeded(f"{run.name} was still running at the proof's deadline and was killed after "
+                               f"{run.seconds:.0f} s")
     if run.returncode != 0:
         raise RuntimeError(f"{run.name} exited {run.returncode}: {run.tail()}")

@@ -1,6 +1,7 @@
 """Shared fixtures: the repository on sys.path, a tiny generated data set, clean global state."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
+
+# Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
+# none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one.
+os.environ["FFCA_AUDIT_CACHE"] = "off"
 
 
 def _load_shapes_generator():

@@ -1,9 +1,9 @@
 """benchmarks/gpu_proof.py: its CPU run passes in full, and its parts report what they see.
 
-The slow test runs the whole proof on the CPU (``--device cpu --quick``), so every line of the
-script has run before a GPU ever sees it. The fast tests pin the parts: a failing check becomes a
-FAIL row without stopping the others, a mismatch between audit and device is a FAIL, a spent
-budget skips, and bad arguments exit 2 with one line.
+The slow test runs the whole proof on the CPU (``--device cpu --quick``), which takes the CPU
+branches; tests/test_gpu_proof_replay.py replays the CUDA ones. The fast tests pin the parts: a
+failing check becomes a FAIL row without stopping the others, a mismatch between audit and
+device is a FAIL, a spent budget skips, and bad arguments exit 2 with one line.
 """
 
 import json
@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import proof_ops  # noqa: E402
+from proof_device import LiveDevice  # noqa: E402
 from proof_report import STATUSES, Proof, verdict  # noqa: E402
 
 SECTIONS = {"ops", "control", "scam", "reruns", "timing"}
@@ -236,9 +237,12 @@ def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
             raise RuntimeError("off broke")
         return seconds[mode]
 
-    monkeypatch.setattr(gpu_proof, "time_fixed_batch", timed)
+    class TimedDevice(LiveDevice):
+        def time_fixed_batch(self, cfg, imgsz, batch, mode, *rest):
+            return timed(cfg, imgsz, batch, mode), 0.5
+
     proof = Proof(tmp_path / "p.json", budget_s=60, meta={})
-    gpu_proof.timing_section(proof, gpu_proof.QUICK, torch.device("cpu"), tmp_path / "data.yaml")
+    gpu_proof.timing_section(proof, gpu_proof.QUICK, TimedDevice(torch.device("cpu")), tmp_path / "data.yaml")
     rows = {row.name.rsplit(" ", 1)[1]: row for row in proof.rows}
     assert rows["off"].status == "FAIL"
     for mode in ("warn", "scoped", "strict"):
@@ -289,7 +293,8 @@ def test_kill_and_resume_chains_start_first(tmp_path):
             return Done(name)
 
     pool = RecordingPool()
-    futures = gpu_proof.start_reruns(pool, None, gpu_proof.FULL.rerun_models, deadline=0)
+    futures = gpu_proof.start_reruns(pool, LiveDevice(torch.device("cpu")), None, gpu_proof.FULL.rerun_models,
+                                     deadline=0)
     stems = [cfg.stem for cfg in gpu_proof.FULL.rerun_models]
     assert pool.order[:len(stems)] == [f"{stem}-killed" for stem in stems]
     assert len(pool.order) == 4 * len(stems) and len(stems) <= 6  # both chains get a slot of the 6 at once

@@ -191,6 +191,16 @@ class Finding:
         return {"op": self.op, "phase": self.phase, "module": self.module,
                 "devices": list(self.devices), "reason": self.reason}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Finding":
+        """The inverse of :meth:`to_dict`; malformed data raises ValueError, KeyError or TypeError."""
+        text = {name: data[name] for name in ("op", "phase", "module", "reason")}
+        devices = data["devices"]
+        strings = isinstance(devices, list) and all(isinstance(v, str) for v in (*text.values(), *devices))
+        if not strings or text["phase"] not in PHASES:
+            raise ValueError(f"malformed finding {data!r}")
+        return cls(devices=tuple(devices), **text)
+
 
 @dataclass
 class AuditReport:
@@ -249,6 +259,19 @@ class AuditReport:
                 "torch_version": self.torch_version, "clean": self.clean,
                 "findings": [f.to_dict() for f in self.findings],
                 "torch_flagged": [dict(flag) for flag in self.torch_flagged], "op_counts": dict(self.op_counts)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AuditReport":
+        """The inverse of :meth:`to_dict` (``clean`` is derived, not read); malformed data raises
+        ValueError, KeyError or TypeError, so a damaged cache file is never half-read."""
+        flags = [{"op": str(f["op"]), "phase": str(f["phase"]), "message": str(f["message"])}
+                 for f in data["torch_flagged"]]
+        counts = {str(phase): int(n) for phase, n in data["op_counts"].items()}
+        if not isinstance(data["device"], str) or not isinstance(data["torch_version"], str):
+            raise ValueError("device and torch_version must be strings")
+        return cls(device=data["device"], imgsz=int(data["imgsz"]), batch_size=int(data["batch_size"]),
+                   torch_version=data["torch_version"], findings=[Finding.from_dict(f) for f in data["findings"]],
+                   torch_flagged=flags, op_counts=counts)
 
 
 # ----------------------------------------------------------------------------- the tracer

@@ -41,8 +41,12 @@ def run_guarantee(policy) -> str:
     return "bit-identical on this stack (same hardware, driver, CUDA, cuDNN and torch)"
 
 
-def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
-    """Mode, seed, audit, relaxation, versions, devices and data identity of this run."""
+def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=None) -> dict:
+    """Mode, seed, audit, relaxation, versions, devices and data identity of this run.
+
+    ``audit_path`` says whether the audit came from its cache (``{"path": "cached" | "computed",
+    "file"}``); it is how the run started, not what it computes, so compare does not read it.
+    """
     return {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "mode": policy.mode,
@@ -51,6 +55,7 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device) -> dict:
         "nondeterministic_ops": policy.nondeterministic_ops,
         "guarantee": run_guarantee(policy),
         "audit": audit,
+        "audit_path": audit_path,
         "policy_state": policy.state(),
         "versions": {
             "python": sys.version.split()[0],

@@ -1,0 +1,128 @@
+"""The GPU proof replayed on a CPU: a table of CUDA outcomes drives the real proof code through every branch.
+
+benchmarks/replay/cuda-torch-2.14.json holds the outcomes CUDA is expected to give (from PyTorch's
+documentation, not measured). The fast tests replay the ops and control sections and the deadline
+and budget machinery; the slow test replays the whole quick plan with one fault of each kind added
+and checks that every row kind and every section came out.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_proof  # noqa: E402
+import proof_runs  # noqa: E402
+from proof_device import ReplayDevice, table_from_record  # noqa: E402
+from proof_report import DeadlineExceeded, Proof, row_kind  # noqa: E402
+
+TABLE = ROOT / "benchmarks" / "replay" / "cuda-torch-2.14.json"
+SECTIONS = {"ops", "control", "scam", "reruns", "timing"}
+FAULTS = {"mismatch_case": "gather", "killed_run": "tiny-workers0", "timing_rows_before_cut": 2}
+
+
+def recorded() -> dict:
+    return json.loads(TABLE.read_text())
+
+
+def with_faults(table: dict) -> dict:
+    """One fault of each kind: a device that raises where the audit says 'runs', a control that never varies,
+    a run still going at the deadline and a budget spent during the timing section."""
+    table["ops"][FAULTS["mismatch_case"]] = {"outcome": "raises", "message": "gather_cuda does not have a "
+                                             "deterministic implementation (injected)"}
+    table["control"]["off"] = 1
+    table["killed_at_deadline"] = [FAULTS["killed_run"]]
+    table["budget_cut_after_timing_rows"] = FAULTS["timing_rows_before_cut"]
+    return table
+
+
+def test_the_table_covers_every_battery_case():
+    import proof_ops
+
+    assert set(recorded()["ops"]) == set(proof_ops.CASES)
+
+
+def test_replayed_cuda_outcomes_agree_with_the_cpu_audit(tmp_path):
+    """Every ops row takes its CUDA branch on the CPU, histc on integers through the meta-device audit."""
+    proof = Proof(tmp_path / "p.json", budget_s=600, meta={})
+    layer = ReplayDevice(recorded(), budget_s=600)
+    gpu_proof.ops_section(proof, layer)
+    rows = {row.name: row for row in proof.rows}
+    assert [row.status for row in proof.rows] == ["PASS"] * len(proof.rows), [r.detail for r in proof.rows]
+    assert rows["histc int"].data["audit_device"] == "meta"
+    assert "on cuda" in rows["adaptive_max_pool2d output 1"].detail
+    assert rows["index_add_ 10^6 -> 1 slot x20, off"].detail == "off: 7 distinct hash(es) in 20 runs"
+    record = json.loads((tmp_path / "p.json").read_text())  # as a GPU run would have written it
+    again = table_from_record(record)
+    assert again["ops"] == recorded()["ops"] and again["control"] == recorded()["control"]
+
+
+def test_replayed_faults_in_ops_and_control_give_mismatch_and_fail(tmp_path):
+    proof = Proof(tmp_path / "p.json", budget_s=600, meta={})
+    gpu_proof.ops_section(proof, ReplayDevice(with_faults(recorded()), budget_s=600))
+    kinds = {row.name: row_kind(row) for row in proof.rows}
+    assert kinds.pop(FAULTS["mismatch_case"]) == "MISMATCH"
+    assert kinds.pop("index_add_ 10^6 -> 1 slot x20, off") == "FAIL"
+    assert set(kinds.values()) == {"PASS"}
+
+
+def test_a_run_killed_at_the_deadline_is_a_timeout_row(tmp_path):
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    run = proof_runs.run_to_end(cmd, tmp_path, "sleeper", timeout=0)
+    assert run.timed_out and run.returncode == -9 and run.seconds < 30
+    proof = Proof(tmp_path / "p.json", budget_s=600, meta={})
+    row = proof.check("reruns", "sleeper", lambda: proof_runs.finished(run))
+    assert row.status == "FAIL" and row_kind(row) == "TIMEOUT" and "deadline" in row.detail
+    with pytest.raises(DeadlineExceeded):
+        proof_runs.finished(run)
+
+
+def test_the_replayed_budget_cut_skips_every_later_check(tmp_path, monkeypatch):
+    layer = ReplayDevice({**recorded(), "budget_cut_after_timing_rows": 1}, budget_s=100)
+    monkeypatch.setattr(gpu_proof.LiveDevice, "time_fixed_batch", lambda self, *args: (0.25, 1.0))
+    proof = Proof(tmp_path / "p.json", budget_s=100, meta={}, clock=layer.clock)
+    gpu_proof.timing_section(proof, gpu_proof.QUICK, layer, tmp_path / "data.yaml")
+    assert [row_kind(row) for row in proof.rows] == ["INFO", "SKIP budget", "SKIP budget", "SKIP budget"]
+    assert proof.budget_skips == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--replay", str(TABLE)), "add --quick"),
+    (("--quick", "--replay", "no-such-table.json"), "not a replay table"),
+])
+def test_bad_replay_arguments_exit_2(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as stop:
+        gpu_proof.main(["--out", str(tmp_path / "p.json"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("ERROR: --replay") and message in err[0]
+
+
+@pytest.mark.slow
+def test_replay_produces_every_row_kind_in_every_section(tmp_path):
+    table = tmp_path / "faulted.json"
+    table.write_text(json.dumps(with_faults(recorded())))
+    out = tmp_path / "proof.json"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_proof.py", "--quick", "--replay", str(table),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert record["device"] == "cuda:0" and record["replay"] == str(table) and record["complete"] is False
+    assert {row["section"] for row in rows} == SECTIONS
+    kinds = {}
+    for row in rows:
+        kinds.setdefault(row_kind(row), []).append(row["name"])
+    assert set(kinds) == {"PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "INFO"}, kinds
+    assert kinds["MISMATCH"] == [FAULTS["mismatch_case"]]
+    assert kinds["FAIL"] == ["index_add_ 10^6 -> 1 slot x20, off"]
+    assert kinds["TIMEOUT"] == ["tiny: --workers 0 bit-identical"]
+    timing = [row for row in rows if row["section"] == "timing"]
+    assert [row_kind(row) for row in timing] == ["INFO", "INFO", "SKIP budget", "SKIP budget"]
+    by_name = {row["name"]: row for row in rows}
+    for cuda_only in ("tiny: AMP on", "tiny: CUBLAS_WORKSPACE_CONFIG set in time"):
+        assert by_name[cuda_only]["status"] == "PASS"  # the CUDA branch ran, not the CPU's SKIP
