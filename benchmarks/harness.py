@@ -20,6 +20,7 @@ import train  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
+from utils.determinism.audit_cache import start_up_audit  # noqa: E402
 from utils.ddp import DistInfo  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
@@ -48,7 +49,7 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
     loop = train.TrainLoop(ctx, model, hyp, amp=amp)
     loop.n_warmup = 0
     if mode != "off":
-        train.run_start_up_audit(policy, model, imgsz, device, hyp, amp)
+        start_up_audit(policy, model, imgsz, device, hyp, amp)
     loop.compute_loss = ComputeLoss(model)
     return loop, loader
 
