@@ -452,6 +452,19 @@ def test_disk_cache_writes_npy_and_loads_the_same_pixels(tmp_path):
     assert torch.equal(plain[1][0], disk[1][0])
 
 
+@pytest.mark.parametrize("fault, reason", [("read_only", "Read-only"), ("full_disk", "No space left")])
+def test_disk_cache_on_an_unwritable_data_set_warns_and_reads_the_images(request, tmp_path, log_lines, fault,
+                                                                          reason):
+    images = make_dataset(tmp_path, n=3)
+    plain = LoadImagesAndLabels(str(images), img_size=64)
+    request.getfixturevalue(fault)(images)
+    disk = LoadImagesAndLabels(str(images), img_size=64, cache_images="disk")
+    warnings = [m for m in log_lines if "--cache disk" in m]
+    assert len(warnings) == 1 and str(images) in warnings[0] and reason in warnings[0], log_lines
+    assert not list(images.glob("*.npy")) and not list(images.glob(".*"))  # nothing written, no temporaries
+    assert torch.equal(plain[1][0], disk[1][0])
+
+
 def test_image_weights_favour_images_with_rare_classes(tmp_path):
     images = make_dataset(tmp_path, n=6)
     for i in range(6):  # class 2 only in im5, class 0 everywhere else

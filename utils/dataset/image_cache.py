@@ -195,7 +195,15 @@ class ImageCache:
         atomic_write_bytes(npy, buf.getvalue())
 
     def _cache_on_disk(self):
-        with ThreadPool(NUM_THREADS) as pool:
-            for _ in tqdm(pool.imap(self._write_npy, range(self.n)), total=self.n,
-                          desc=f"{self.prefix}Caching images (disk)", leave=False):
-                pass
+        """Write the .npy files; if the data set's folder cannot take them (read-only, full), warn once and read
+        the images themselves instead: training is slower, never different."""
+        try:
+            with ThreadPool(NUM_THREADS) as pool:
+                for _ in tqdm(pool.imap(self._write_npy, range(self.n)), total=self.n,
+                              desc=f"{self.prefix}Caching images (disk)", leave=False):
+                    pass
+        except OSError as e:
+            self.disk = False  # a half-written cache may hold stale files; read every image instead
+            LOGGER.warning(f"{self.prefix}--cache disk: cannot write .npy files in "
+                           f"{Path(e.filename or self.npy_files[0]).parent} ({e.strerror or e}); images are read without a cache (use --cache ram, or make the "
+                           "data set's folder writable)")
