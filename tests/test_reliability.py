@@ -114,6 +114,34 @@ def test_train_refuses_before_making_a_run_folder(flags, message, tiny_cfg, shap
     assert not project.exists()
 
 
+@pytest.mark.parametrize("damage", ["yaml", "weights"])
+def test_resume_on_a_checkpoint_whose_yaml_does_not_fit_its_weights(damage, tiny_cfg, shapes_data, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A resumable last.pt whose stored model YAML (or state) was edited: one ERROR line, exit 2, no new folder."""
+    from utils.training.run_state import plain_opt
+
+    model = Model(str(tiny_cfg), nc=4)
+    cfg, state = dict(model.yaml), model.state_dict()
+    if damage == "yaml":
+        cfg["head"] = [[*row[:3], [12, *row[3][1:]]] if i == 0 else row for i, row in enumerate(cfg["head"])]
+    else:
+        state = {k: v for k, v in state.items() if not k.startswith("model.2.")}
+    project = tmp_path / "runs"
+    opt = train.parse_opt(["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64", "--device", "cpu",
+                           "--epochs", "2", "--workers", "0", "--project", str(project)])
+    last = project / "exp" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    hyp = train.load_hyp(opt)
+    save_checkpoint({"opt": plain_opt(opt), "hyp": hyp, "model_cfg": cfg, "nc": 4, "model": state, "ema": state,
+                     "optimizer": {"state": {}, "param_groups": []}, "next_position": [1, 0]}, last)
+    before = last.read_bytes()
+    monkeypatch.setattr(sys, "argv", ["train.py", "--resume", str(last)])
+    err = _cli_error(capsys, lambda argv: train.cli(), None)
+    assert f"--resume {last}" in err and "do not fit the stored model architecture" in err
+    assert ("wrong shape" if damage == "yaml" else "missing") in err
+    assert last.read_bytes() == before and sorted(p.name for p in project.rglob("*")) == ["exp", "last.pt", "weights"]
+
+
 def test_freezing_every_layer_is_a_user_error(tiny_cfg):
     model = Model(str(tiny_cfg), nc=4)
     with pytest.raises(UserError, match=rf"--freeze 100: freezes every layer of this {len(model.model)}-layer model"):
