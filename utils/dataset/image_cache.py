@@ -204,6 +204,7 @@ class ImageCache:
                     pass
         except OSError as e:
             self.disk = False  # a half-written cache may hold stale files; read every image instead
-            LOGGER.warning(f"{self.prefix}--cache disk: cannot write .npy files in "
-                           f"{Path(e.filename or self.npy_files[0]).parent} ({e.strerror or e}); images are read without a cache (use --cache ram, or make the "
-                           "data set's folder writable)")
+            folder = Path(e.filename or self.npy_files[0]).parent
+            LOGGER.warning(f"{self.prefix}--cache disk: cannot write .npy files in {folder} ({e.strerror or e}); "
+                           "images are read without a cache (use --cache ram, or make the data set's folder "
+                           "writable)")
