@@ -46,10 +46,13 @@ def _tiny_backend(cfg):
     return lambda *args, **kwargs: detect.PyTorchBackend(Model(str(cfg), nc=4).eval())
 
 
-def _cli_error(capsys, func, argv):
+def _cli_error(capsys, func, argv, progress=None):
+    """The one ``ERROR:`` line that ``func(argv)`` prints on stderr before exit 2 (progress bars whose lines start
+    with ``progress`` aside)."""
     with pytest.raises(SystemExit) as exit_info:
         func(argv)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if not (progress and line.startswith(progress))]
     assert exit_info.value.code == 2, err
     assert len(err) == 1 and err[0].startswith("ERROR:"), err
     return err[0]
@@ -180,3 +183,54 @@ def test_val_on_an_empty_image_list_leaves_no_run_folder(tiny_cfg, tmp_path, cap
                                        "--device", "cpu", "--workers", "0", "--project", str(project)])
     assert "empty.txt" in err
     assert not project.exists()
+
+
+FAULTS = [("full_disk", "No space left"), ("read_only", "Read-only")]
+
+
+def _tree(folder):
+    """{relative path: bytes} of every file under ``folder`` ({} when it does not exist)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fault, reason", FAULTS)
+@pytest.mark.parametrize("previous", [False, True])
+def test_convert_onto_an_unwritable_disk(request, tmp_path, capsys, fault, reason, previous):
+    """convert.py whose --out sits on a full or read-only disk: one line, exit 2, --out as it was (absent, or the
+    previous conversion), no staging folder left."""
+    from tests.test_convert import make_visdrone
+    from utils.converters.cli import main as convert_cli
+
+    src, disk = make_visdrone(tmp_path / "src"), tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "VisDrone"
+    if previous:
+        convert_cli(["visdrone", "--src", str(src), "--out", str(out)])
+    before = _tree(out)
+    request.getfixturevalue(fault)(disk)
+    err = _cli_error(capsys, convert_cli, ["visdrone", "--src", str(src), "--out", str(out), "--blackout-ignored"])
+    assert f"--out {out}" in err and reason in err and "unchanged" in err
+    assert _tree(out) == before and [p.name for p in disk.iterdir()] == (["VisDrone"] if previous else [])
+
+
+@pytest.mark.parametrize("fault, reason", FAULTS)
+@pytest.mark.parametrize("previous", [False, True])
+def test_slicer_onto_an_unwritable_disk(request, shapes_data, tmp_path, capsys, fault, reason, previous):
+    """slice_dataset.py whose --out sits on a full or read-only disk: one line, exit 2; the tiles already there
+    stay as they were (an interrupted run's complete tiles, resumable)."""
+    slicer = _script("slice_dataset")
+    out = tmp_path / "disk" / "tiles"
+    argv = ["--data", str(shapes_data), "--size", "128", "--out", str(out), "--splits", "val"]
+    if previous:
+        slicer.main(argv)
+        for tile in sorted((out / "images" / "val").iterdir())[::3]:  # a run that stopped before these tiles
+            tile.unlink()
+        (out / "data.yaml").unlink()
+    else:
+        out.parent.mkdir()
+    before = _tree(out)
+    request.getfixturevalue(fault)(out.parent)
+    capsys.readouterr()
+    err = _cli_error(capsys, slicer.main, argv, progress="Slicing val")
+    assert f"--out {out}" in err and reason in err and "rerun" in err
+    assert _tree(out) == before and [p.name for p in out.parent.iterdir()] == (["tiles"] if previous else [])

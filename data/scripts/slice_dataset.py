@@ -127,8 +127,8 @@ def slice_split(data, split, out, args):
     labels_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(images_dir, WRITABLE_SUFFIXES)
     remove_stale_temporaries(labels_dir, ".txt")
-    written = sum(write_image_tiles(f, plans[f], images_dir, labels_dir)
-                  for f in tqdm(im_files, desc=f"Slicing {split}", bar_format="{l_bar}{bar:10}{r_bar}"))
+    with tqdm(im_files, desc=f"Slicing {split}", bar_format="{l_bar}{bar:10}{r_bar}") as bar:  # closed on errors
+        written = sum(write_image_tiles(f, plans[f], images_dir, labels_dir) for f in bar)  # too: ERROR on its line
     return sum(len(p) for p in plans.values()), written
 
 
@@ -205,7 +205,13 @@ def slice_dataset(args):
 
 @exit_on_user_error
 def main(argv=None):
-    slice_dataset(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        slice_dataset(args)
+    except OSError as e:  # every tile is written atomically: what is in --out is complete, and a rerun resumes
+        raise UserError(f"--out {args.out}: slicing stopped: {e.strerror or e} ({e.filename}); the tiles already "
+                        "in --out are complete; free disk space or fix the folder, then rerun the same command "
+                        "to resume") from None
 
 
 if __name__ == "__main__":
