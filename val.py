@@ -528,7 +528,13 @@ def study(opt):
 
 @exit_on_user_error
 def cli(argv=None):
-    main(parse_opt(argv))
+    opt = parse_opt(argv)
+    try:
+        main(opt)
+    except OSError as e:  # disk full or read-only --project: one line, not a traceback
+        raise UserError(f"--project {opt.project}: {e.filename or 'a file'}: {e.strerror or e}; validation stopped "
+                        "and the results written so far are incomplete: free disk space or choose another "
+                        "--project, then rerun") from None
 
 
 if __name__ == "__main__":
