@@ -194,9 +194,10 @@ def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
                         f"has {data['nc']}; use the data set the weights were trained on, or --single-cls")
 
 
-def _validation_loader(data, task, imgsz, batch_size, stride, single_cls, workers, fixed_shape=False):
+def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers):
     """Rectangular batches (pad 0.5 stride) for accuracy; square ``imgsz`` letterboxes (pad 0) for --task speed
-    and for static exports (``fixed_shape``), whose input cannot grow past the exported size."""
+    and for static exports (``model.fixed_shape`` set), whose input cannot grow past the exported size."""
+    stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
     if task not in ("train", "val", "test"):
         task = "val"
     if data.get(task) is None:
@@ -239,8 +240,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data, single_cls)
     if dataloader is None:
-        dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers,
-                                        getattr(model, "fixed_shape", None) is not None)
+        dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers)
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
