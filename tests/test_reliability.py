@@ -7,8 +7,11 @@ Fault matrix (see docs/reliability.md); each row is a test below:
 | detect.py   | test_detect_write_faults | test_detect_write_faults | test_detect_missing_source_leaves_no_folder |
 | train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
 | export.py   | tests/test_export.py     | tests/test_export.py     | tests/test_export.py (--opset and other flags) |
-| val.py      |                          |                          | test_val_on_an_empty_image_list_leaves_no_run_folder |
-| slicer      |                          |                          | test_slicer_refuses_non_finite_or_out_of_range_values |
+| val.py      | tests/test_fault_matrix.py | tests/test_fault_matrix.py | test_val_on_an_empty_image_list_leaves_no_run_folder |
+| slicer      | test_slicer_onto_an_unwritable_disk | test_slicer_onto_an_unwritable_disk | test_slicer_refuses_non_finite_or_out_of_range_values |
+| convert.py  | test_convert_onto_an_unwritable_disk | test_convert_onto_an_unwritable_disk | tests/test_convert.py |
+
+tests/test_fault_matrix.py runs every entry point through each fault as one table.
 """
 
 import importlib.util
