@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 import val as validate  # noqa: E402
-from models.experimental import attempt_load  # noqa: E402
+from models.experimental import attempt_load, check_fit, stored_model  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.training.amp import check_amp  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
@@ -185,8 +185,9 @@ def load_hyp(opt) -> dict:
 def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
     """Build the model from --cfg (or the checkpoint's config) and load weights when given."""
     if resume_ckpt is not None:
-        model = Model(resume_ckpt["model_cfg"], ch=3, nc=resume_ckpt["nc"]).to(device)
-        model.load_state_dict(float_weights(resume_ckpt["model"]))
+        model = stored_model(resume_ckpt, float_weights(resume_ckpt["model"]), f"--resume {opt.resume}").to(device)
+        if resume_ckpt.get("ema") is not None:  # loaded later by the training loop; checked now, before any folder
+            check_fit(model, float_weights(resume_ckpt["ema"]), f"--resume {opt.resume}")
     elif opt.weights:
         ckpt = load_checkpoint(opt.weights)
         cfg = opt.cfg or ckpt["model_cfg"]

@@ -164,12 +164,23 @@ def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls):
     device = select_device(device, batch_size=batch_size)
     model = load_backend(weights, device=device, fuse=True)
     imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
+    _check_static_size(model, imgsz, weights)
     half &= device.type == "cuda"
     if half:
         model.half()
     data = check_dataset(data)
     _check_class_counts(model, data, weights, single_cls)
     return model, device, imgsz, half, data
+
+
+def _check_static_size(model, imgsz: int, weights) -> None:
+    """A static export takes images up to its exported (h, w); refuse a larger --imgsz before any folder is made."""
+    if model.fixed_shape is None:
+        return
+    _, height, width = model.fixed_shape
+    if imgsz > min(height, width):
+        raise UserError(f"--imgsz {imgsz} is larger than the {height}x{width} {weights} was exported for; "
+                        f"use --imgsz {min(height, width)} or re-export with --dynamic")
 
 
 def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
@@ -184,12 +195,15 @@ def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
                         f"has {data['nc']}; use the data set the weights were trained on, or --single-cls")
 
 
-def _validation_loader(data, task, imgsz, batch_size, stride, single_cls, workers):
+def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers):
+    """Rectangular batches (pad 0.5 stride) for accuracy; square ``imgsz`` letterboxes (pad 0) for --task speed
+    and for static exports (``model.fixed_shape`` set), whose input cannot grow past the exported size."""
+    stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
     if task not in ("train", "val", "test"):
         task = "val"
     if data.get(task) is None:
         raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{task}' split")
-    pad, rect = (0.0, False) if task == "speed" else (0.5, True)
+    pad, rect = (0.0, False) if task == "speed" or fixed_shape else (0.5, True)
     return create_dataloader(data[task], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
                              prefix=colorstr(f"{task}: "), nc=data["nc"])[0]
 
@@ -229,7 +243,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data, single_cls)
     if dataloader is None:
-        dataloader = _validation_loader(data, task, imgsz, batch_size, int(model.stride.max()), single_cls, workers)
+        dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers)
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -529,7 +543,13 @@ def study(opt):
 
 @exit_on_user_error
 def cli(argv=None):
-    main(parse_opt(argv))
+    opt = parse_opt(argv)
+    try:
+        main(opt)
+    except OSError as e:  # disk full or read-only --project: one line, not a traceback
+        raise UserError(f"--project {opt.project}: {e.filename or 'a file'}: {e.strerror or e}; validation stopped "
+                        "and the results written so far are incomplete: free disk space or choose another "
+                        "--project, then rerun") from None
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ class Ensemble(nn.ModuleList):
         return torch.cat(preds, 1), None
 
 
-def _check_fit(model, state, path):
-    """One-line UserError when ``state`` does not fit ``model``'s parameters and buffers."""
+def check_fit(model, state, path):
+    """One-line UserError (naming ``path``) when ``state`` does not fit ``model``'s parameters and buffers."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -39,9 +39,9 @@ def _check_fit(model, state, path):
                         "the checkpoint is damaged or was edited")
 
 
-def load_one(path, fuse=True):
-    """Rebuild the model stored in checkpoint ``path`` (EMA weights when present) as an fp32 eval model."""
-    ckpt = load_checkpoint(path, map_location="cpu")
+def stored_model(ckpt: dict, state: dict, path):
+    """The model described by checkpoint ``ckpt``'s ``model_cfg`` with ``state`` loaded (fp32 as stored);
+    a YAML that cannot be built, or weights that do not fit it, is a one-line UserError naming ``path``."""
     cfg = ckpt["model_cfg"]
     if not isinstance(cfg, dict):
         raise UserError(f"{path}: checkpoint key 'model_cfg' should be the model YAML dict, got {type(cfg).__name__}")
@@ -49,9 +49,15 @@ def load_one(path, fuse=True):
         model = Model(cfg, nc=ckpt.get("nc"))
     except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
         raise UserError(f"{path}: cannot build the model stored in the checkpoint ({type(e).__name__}: {e})") from None
-    state = inference_weights(ckpt, path)
-    _check_fit(model, state, path)
+    check_fit(model, state, path)
     model.load_state_dict(state)
+    return model
+
+
+def load_one(path, fuse=True):
+    """Rebuild the model stored in checkpoint ``path`` (EMA weights when present) as an fp32 eval model."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    model = stored_model(ckpt, inference_weights(ckpt, path), path)
     names = ckpt.get("names") or [f"class{i}" for i in range(model.model[-1].nc)]
     model.names = list(names.values()) if isinstance(names, dict) else list(names)
     model.float().eval()

@@ -135,3 +135,21 @@ def read_only(monkeypatch):
     import errno
 
     return lambda folder: _inject_write_fault(monkeypatch, folder, errno.EROFS)
+
+
+class _MarkerPayload:
+    """Unpickling this object runs ``open(marker, 'w')``, creating the file: a stand-in for a malicious payload."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture
+def hostile_pickle(tmp_path):
+    """``(payload, marker)``: put ``payload`` anywhere in a pickle; any unpickler that runs code creates ``marker``
+    (a path under tmp_path that does not exist yet)."""
+    marker = tmp_path / "hostile_pickle_ran.txt"
+    return _MarkerPayload(marker), marker

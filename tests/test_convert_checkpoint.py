@@ -36,16 +36,6 @@ def pickled_model_checkpoint(cfg, path, names=("a", "b")):
     return model
 
 
-class MarkerPayload:
-    """Unpickling this object runs ``open(marker, 'w')``: a stand-in for a malicious payload."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_converted_model_computes_what_the_pickled_model_computes(tiny_cfg, tmp_path):
     src, dst = tmp_path / "upstream.pt", tmp_path / "converted.pt"
     model = pickled_model_checkpoint(tiny_cfg, src)
@@ -58,18 +48,41 @@ def test_converted_model_computes_what_the_pickled_model_computes(tiny_cfg, tmp_
     assert (converted(x)[0] - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
-def test_payload_never_runs(tiny_cfg, tmp_path):
-    marker = tmp_path / "marker.txt"
+def test_payload_never_runs(tiny_cfg, tmp_path, hostile_pickle):
+    payload, marker = hostile_pickle
     src = tmp_path / "evil.pt"
     pickled_model_checkpoint(tiny_cfg, src)
     ckpt = torch.load(src, weights_only=False)
-    torch.save({**ckpt, "opt": MarkerPayload(marker), "ema": MarkerPayload(marker)}, src)
+    torch.save({**ckpt, "opt": payload, "ema": payload}, src)
     obj = read_foreign_checkpoint(src)
     assert not marker.exists()
     assert isinstance(obj["opt"], Placeholder) and obj["opt"].qualname.endswith(".open")
     with pytest.raises(UserError, match="no pickled model"):
         convert(src, tmp_path / "out.pt", Model)  # the payload sits where the EMA model should be
     assert not marker.exists()
+    torch.load(src, weights_only=False)  # the ordinary unpickler does run it: the test can fail
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("where", ["top level", "layer row"])
+def test_payload_inside_the_model_yaml_is_refused(tiny_cfg, tmp_path, hostile_pickle, capsys, where):
+    """A model YAML dict holding a pickled object (not plain YAML data): one line, exit 2, nothing runs or is
+    written."""
+    payload, marker = hostile_pickle
+    src, dst = tmp_path / "evil.pt", tmp_path / "out.pt"
+    pickled_model_checkpoint(tiny_cfg, src)
+    ckpt = torch.load(src, weights_only=False)
+    if where == "top level":
+        ckpt["model"].yaml["extra"] = payload
+    else:
+        ckpt["model"].yaml["head"][0][3] = [payload]
+    torch.save(ckpt, src)
+    with pytest.raises(SystemExit) as e:
+        main([str(src), str(dst)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR:") and "\n" not in err, err
+    assert str(src) in err and "io.open" in err and "model YAML" in err
+    assert not marker.exists() and not dst.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["evil.pt"]
     torch.load(src, weights_only=False)  # the ordinary unpickler does run it: the test can fail
     assert marker.exists()
 

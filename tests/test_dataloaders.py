@@ -390,7 +390,7 @@ def test_ram_cache_gives_identical_samples_and_is_refused_when_memory_is_short(t
         cached[(key, 9, 0)]
     assert all(np.array_equal(a, b) for a, b in zip(before, cached.ims))  # augmentation never writes into the cache
 
-    monkeypatch.setattr(image_cache, "_available_memory", lambda: 1000)
+    monkeypatch.setattr(image_cache, "_available_memory", lambda: (1000, "MemAvailable"))
     refused = LoadImagesAndLabels(str(images), img_size=64, cache_images="ram")
     assert all(im is None for im in refused.ims)
     assert any("--cache ram needs" in m for m in log_lines)
@@ -398,11 +398,70 @@ def test_ram_cache_gives_identical_samples_and_is_refused_when_memory_is_short(t
         LoadImagesAndLabels(str(images), img_size=64, cache_images="gpu")
 
 
+def fake_memory_limits(tmp_path, monkeypatch, meminfo_kb, cgroup_max, rlimit_as, vm_size_kb=0):
+    """Point the memory readers at a fake /proc and a fake cgroup v2 tree (process in /a/b, limit on /a)."""
+    import resource
+
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    (cgroup / "a" / "b").mkdir(parents=True)
+    proc.mkdir()
+    (proc / "meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {meminfo_kb} kB\n")
+    (proc / "cgroup").write_text("0::/a/b\n")
+    (proc / "status").write_text(f"Name: python\nVmSize: {vm_size_kb} kB\n")
+    (cgroup / "memory.max").write_text("max\n")  # the root: no limit
+    (cgroup / "a" / "memory.max").write_text(f"{cgroup_max}\n")
+    (cgroup / "a" / "memory.current").write_text("1000\n")
+    (cgroup / "a" / "b" / "memory.max").write_text("max\n")
+    for name, path in (("PROC_MEMINFO", proc / "meminfo"), ("PROC_SELF_CGROUP", proc / "cgroup"),
+                       ("PROC_SELF_STATUS", proc / "status"), ("CGROUP_ROOT", cgroup)):
+        monkeypatch.setattr(image_cache, name, path)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (rlimit_as, rlimit_as) if which == resource.RLIMIT_AS
+                        else (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+@pytest.mark.parametrize("meminfo_kb, cgroup_max, rlimit_as, vm_size_kb, expected", [
+    (4_000_000, "max", -1, 0, (4_096_000_000, "MemAvailable")),
+    (4_000_000, "3000", -1, 0, (2000, "cgroup memory.max")),  # a parent's limit counts, less what it uses
+    (4_000_000, "max", 10_000_000, 8, (10_000_000 - 8192, "RLIMIT_AS")),  # less the address space already mapped
+    (4_000_000, "max", 10_000, 1000, (0, "RLIMIT_AS")),
+])
+def test_available_memory_is_the_least_of_meminfo_cgroup_and_rlimit(tmp_path, monkeypatch, meminfo_kb, cgroup_max,
+                                                                    rlimit_as, vm_size_kb, expected):
+    fake_memory_limits(tmp_path, monkeypatch, meminfo_kb, cgroup_max, rlimit_as, vm_size_kb)
+    assert image_cache._available_memory() == expected
+
+
+@pytest.mark.parametrize("cgroup_max, rlimit_as, limit", [("20000", -1, "cgroup memory.max"),
+                                                          ("max", 20000, "RLIMIT_AS")])
+def test_ram_cache_falls_back_under_a_cgroup_or_rlimit_limit(tmp_path, monkeypatch, log_lines, cgroup_max,
+                                                            rlimit_as, limit):
+    images = make_dataset(tmp_path, n=3)  # 3 images of 64x64x3 bytes need ~40 kB: MemAvailable fits them
+    fake_memory_limits(tmp_path, monkeypatch, 4_000_000, cgroup_max, rlimit_as)
+    ds = LoadImagesAndLabels(str(images), img_size=64, cache_images="ram")
+    assert all(im is None for im in ds.ims)
+    assert any("--cache ram needs" in m and f"({limit})" in m for m in log_lines), log_lines
+    monkeypatch.undo()
+    assert all(im is not None for im in LoadImagesAndLabels(str(images), img_size=64, cache_images="ram").ims)
+
+
 def test_disk_cache_writes_npy_and_loads_the_same_pixels(tmp_path):
     images = make_dataset(tmp_path, n=2)
     plain = LoadImagesAndLabels(str(images), img_size=64)
     disk = LoadImagesAndLabels(str(images), img_size=64, cache_images="disk")
     assert all(Path(f).is_file() for f in disk.npy_files)
+    assert torch.equal(plain[1][0], disk[1][0])
+
+
+@pytest.mark.parametrize("fault, reason", [("read_only", "Read-only"), ("full_disk", "No space left")])
+def test_disk_cache_on_an_unwritable_data_set_warns_and_reads_the_images(request, tmp_path, log_lines, fault,
+                                                                          reason):
+    images = make_dataset(tmp_path, n=3)
+    plain = LoadImagesAndLabels(str(images), img_size=64)
+    request.getfixturevalue(fault)(images)
+    disk = LoadImagesAndLabels(str(images), img_size=64, cache_images="disk")
+    warnings = [m for m in log_lines if "--cache disk" in m]
+    assert len(warnings) == 1 and str(images) in warnings[0] and reason in warnings[0], log_lines
+    assert not list(images.glob("*.npy")) and not list(images.glob(".*"))  # nothing written, no temporaries
     assert torch.equal(plain[1][0], disk[1][0])
 
 

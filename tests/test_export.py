@@ -18,6 +18,8 @@ from models.backends import (OPENVINO_METADATA, OnnxBackend, OpenVinoBackend, Py
                              load_backend)
 from models.experimental import attempt_load
 from models.yolo import Model
+from utils.dataloaders import create_dataloader
+from utils.dataset.data_config import check_dataset
 from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
 
@@ -223,6 +225,44 @@ def test_val_exported_models_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_
         for image, ref in predictions["tiny.pt"].items():
             assert predictions[name][image].shape == ref.shape, (name, image)
             assert np.abs(predictions[name][image][:, 5] - ref[:, 5]).max() < 1e-3, (name, image)
+
+
+@pytest.fixture(scope="module")
+def static_exports(tiny_pt, tmp_path_factory):
+    """Static (fixed 64x64, batch 1) exports of tiny.pt, in their own folder beside a copy of it."""
+    pt = tmp_path_factory.mktemp("static") / "tiny.pt"
+    pt.write_bytes(tiny_pt.read_bytes())
+    return dict(zip(("onnx", "torchscript", "openvino"),
+                    export.run(pt, imgsz=[64], include=["onnx", "torchscript", "openvino"])))
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "openvino"])
+def test_val_runs_a_static_export_at_its_own_size_on_square_batches(static_exports, tiny_pt, shapes_data, tmp_path,
+                                                                    fmt):
+    """A static export at --imgsz 64 validates (square letterboxed batches, no rectangular padding) and scores
+    what the .pt scores on the same square batches."""
+    options = dict(batch_size=2, imgsz=64, conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True,
+                   save_conf=True, project=tmp_path)
+    (*static, _, _, _), _, _ = val.run(shapes_data, weights=str(static_exports[fmt]), name=fmt, **options)
+    data = check_dataset(shapes_data)
+    square = create_dataloader(data["val"], 64, 2, 32, pad=0.0, rect=False, workers=0)[0]
+    (*reference, _, _, _), _, _ = val.run(shapes_data, weights=str(tiny_pt), dataloader=square, name="pt", **options)
+    assert np.allclose(static, reference, atol=0.001)
+    predictions, ref = saved_predictions(tmp_path / fmt), saved_predictions(tmp_path / "pt")
+    assert sum(map(len, ref.values())) > 50 and predictions.keys() == ref.keys()
+    for image, rows in ref.items():
+        assert predictions[image].shape == rows.shape and np.abs(predictions[image][:, 5] - rows[:, 5]).max() < 1e-3
+
+
+def test_val_refuses_an_imgsz_larger_than_a_static_export_before_making_a_folder(static_exports, shapes_data,
+                                                                                 tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        val.cli(["--data", str(shapes_data), "--weights", str(static_exports["onnx"]), "--imgsz", "96",
+                 "--workers", "0", "--project", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR: ") and "\n" not in err, err
+    assert "--imgsz 96" in err and "64x64" in err and "--dynamic" in err
+    assert not (tmp_path / "runs").exists()
 
 
 def read_csv_boxes(run_dir):

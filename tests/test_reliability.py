@@ -7,8 +7,11 @@ Fault matrix (see docs/reliability.md); each row is a test below:
 | detect.py   | test_detect_write_faults | test_detect_write_faults | test_detect_missing_source_leaves_no_folder |
 | train.py    | tests/test_faults.py     | tests/test_faults.py     | test_train_refuses_before_making_a_run_folder |
 | export.py   | tests/test_export.py     | tests/test_export.py     | tests/test_export.py (--opset and other flags) |
-| val.py      |                          |                          | test_val_on_an_empty_image_list_leaves_no_run_folder |
-| slicer      |                          |                          | test_slicer_refuses_non_finite_or_out_of_range_values |
+| val.py      | tests/test_fault_matrix.py | tests/test_fault_matrix.py | test_val_on_an_empty_image_list_leaves_no_run_folder |
+| slicer      | test_slicer_onto_an_unwritable_disk | test_slicer_onto_an_unwritable_disk | test_slicer_refuses_non_finite_or_out_of_range_values |
+| convert.py  | test_convert_onto_an_unwritable_disk | test_convert_onto_an_unwritable_disk | tests/test_convert.py |
+
+tests/test_fault_matrix.py runs every entry point through each fault as one table.
 """
 
 import importlib.util
@@ -46,10 +49,13 @@ def _tiny_backend(cfg):
     return lambda *args, **kwargs: detect.PyTorchBackend(Model(str(cfg), nc=4).eval())
 
 
-def _cli_error(capsys, func, argv):
+def _cli_error(capsys, func, argv, progress=None):
+    """The one ``ERROR:`` line that ``func(argv)`` prints on stderr before exit 2 (progress bars whose lines start
+    with ``progress`` aside)."""
     with pytest.raises(SystemExit) as exit_info:
         func(argv)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if not (progress and line.startswith(progress))]
     assert exit_info.value.code == 2, err
     assert len(err) == 1 and err[0].startswith("ERROR:"), err
     return err[0]
@@ -116,6 +122,34 @@ def test_train_refuses_before_making_a_run_folder(flags, message, tiny_cfg, shap
     assert not project.exists()
 
 
+@pytest.mark.parametrize("damage", ["yaml", "weights"])
+def test_resume_on_a_checkpoint_whose_yaml_does_not_fit_its_weights(damage, tiny_cfg, shapes_data, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A resumable last.pt whose stored model YAML (or state) was edited: one ERROR line, exit 2, no new folder."""
+    from utils.training.run_state import plain_opt
+
+    model = Model(str(tiny_cfg), nc=4)
+    cfg, state = dict(model.yaml), model.state_dict()
+    if damage == "yaml":
+        cfg["head"] = [[*row[:3], [12, *row[3][1:]]] if i == 0 else row for i, row in enumerate(cfg["head"])]
+    else:
+        state = {k: v for k, v in state.items() if not k.startswith("model.2.")}
+    project = tmp_path / "runs"
+    opt = train.parse_opt(["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64", "--device", "cpu",
+                           "--epochs", "2", "--workers", "0", "--project", str(project)])
+    last = project / "exp" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    hyp = train.load_hyp(opt)
+    save_checkpoint({"opt": plain_opt(opt), "hyp": hyp, "model_cfg": cfg, "nc": 4, "model": state, "ema": state,
+                     "optimizer": {"state": {}, "param_groups": []}, "next_position": [1, 0]}, last)
+    before = last.read_bytes()
+    monkeypatch.setattr(sys, "argv", ["train.py", "--resume", str(last)])
+    err = _cli_error(capsys, lambda argv: train.cli(), None)
+    assert f"--resume {last}" in err and "do not fit the stored model architecture" in err
+    assert ("wrong shape" if damage == "yaml" else "missing") in err
+    assert last.read_bytes() == before and sorted(p.name for p in project.rglob("*")) == ["exp", "last.pt", "weights"]
+
+
 def test_freezing_every_layer_is_a_user_error(tiny_cfg):
     model = Model(str(tiny_cfg), nc=4)
     with pytest.raises(UserError, match=rf"--freeze 100: freezes every layer of this {len(model.model)}-layer model"):
@@ -154,3 +188,54 @@ def test_val_on_an_empty_image_list_leaves_no_run_folder(tiny_cfg, tmp_path, cap
                                        "--device", "cpu", "--workers", "0", "--project", str(project)])
     assert "empty.txt" in err
     assert not project.exists()
+
+
+FAULTS = [("full_disk", "No space left"), ("read_only", "Read-only")]
+
+
+def _tree(folder):
+    """{relative path: bytes} of every file under ``folder`` ({} when it does not exist)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fault, reason", FAULTS)
+@pytest.mark.parametrize("previous", [False, True])
+def test_convert_onto_an_unwritable_disk(request, tmp_path, capsys, fault, reason, previous):
+    """convert.py whose --out sits on a full or read-only disk: one line, exit 2, --out as it was (absent, or the
+    previous conversion), no staging folder left."""
+    from tests.test_convert import make_visdrone
+    from utils.converters.cli import main as convert_cli
+
+    src, disk = make_visdrone(tmp_path / "src"), tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "VisDrone"
+    if previous:
+        convert_cli(["visdrone", "--src", str(src), "--out", str(out)])
+    before = _tree(out)
+    request.getfixturevalue(fault)(disk)
+    err = _cli_error(capsys, convert_cli, ["visdrone", "--src", str(src), "--out", str(out), "--blackout-ignored"])
+    assert f"--out {out}" in err and reason in err and "unchanged" in err
+    assert _tree(out) == before and [p.name for p in disk.iterdir()] == (["VisDrone"] if previous else [])
+
+
+@pytest.mark.parametrize("fault, reason", FAULTS)
+@pytest.mark.parametrize("previous", [False, True])
+def test_slicer_onto_an_unwritable_disk(request, shapes_data, tmp_path, capsys, fault, reason, previous):
+    """slice_dataset.py whose --out sits on a full or read-only disk: one line, exit 2; the tiles already there
+    stay as they were (an interrupted run's complete tiles, resumable)."""
+    slicer = _script("slice_dataset")
+    out = tmp_path / "disk" / "tiles"
+    argv = ["--data", str(shapes_data), "--size", "128", "--out", str(out), "--splits", "val"]
+    if previous:
+        slicer.main(argv)
+        for tile in sorted((out / "images" / "val").iterdir())[::3]:  # a run that stopped before these tiles
+            tile.unlink()
+        (out / "data.yaml").unlink()
+    else:
+        out.parent.mkdir()
+    before = _tree(out)
+    request.getfixturevalue(fault)(out.parent)
+    capsys.readouterr()
+    err = _cli_error(capsys, slicer.main, argv, progress="Slicing val")
+    assert f"--out {out}" in err and reason in err and "rerun" in err
+    assert _tree(out) == before and [p.name for p in out.parent.iterdir()] == (["tiles"] if previous else [])

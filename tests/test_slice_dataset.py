@@ -103,6 +103,35 @@ def test_interrupted_run_resumes_to_identical_output(large_data, tmp_path, monke
     assert resumed == expected
 
 
+def test_rerun_after_a_kill_removes_the_killed_runs_temporaries(large_data, tmp_path, monkeypatch):
+    """A SIGKILL mid-write leaves ``.NAME.XXXXXXXX.tmp`` files (atomic writes never renamed); the rerun deletes its
+    own, finishes identical to an uninterrupted run, and leaves other files alone."""
+    reference = tmp_path / "reference"
+    slicer.slice_dataset(_args(large_data, reference))
+    out = tmp_path / "killed"
+    encode = slicer._encode
+    monkeypatch.setattr(slicer, "_encode", lambda im, suffix: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        slicer.slice_dataset(_args(large_data, out))
+    monkeypatch.setattr(slicer, "_encode", encode)
+    stale = [out / "labels" / "train" / ".000001__0_0.txt.k1ll3d_x.tmp",
+             out / "images" / "train" / ".000001__0_0.jpg.abcd1234.tmp",
+             out / "labels" / "val" / ".000000__96_48.txt.zz9_zz9z.tmp",
+             out / ".data.yaml.q1w2e3r4.tmp"]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a tile")
+    user_file = out / "images" / "train" / ".notes.tmp"  # not a name of the slicer's temporaries
+    user_file.write_text("keep")
+    slicer.slice_dataset(_args(large_data, out))
+    assert not any(path.exists() for path in stale) and user_file.read_text() == "keep"
+    user_file.unlink()
+    resumed, expected = _snapshot(out), _snapshot(reference)
+    resumed["data.yaml"] = resumed["data.yaml"].replace(str(out).encode(), b"OUT")
+    expected["data.yaml"] = expected["data.yaml"].replace(str(reference).encode(), b"OUT")
+    assert resumed == expected
+
+
 def test_bad_input_is_one_line_user_error(large_data, tmp_path):
     slicer.slice_dataset(_args(large_data, tmp_path / "t"))
     with pytest.raises(UserError, match="different settings.*size"):

@@ -164,10 +164,38 @@ def foreign_model(ckpt, path) -> tuple[dict, list, dict, str, dict]:
     cfg = model.state.get("yaml")
     if not isinstance(cfg, dict) or "backbone" not in cfg:
         raise UserError(f"{path}: the pickled model has no model YAML dict ('yaml'); cannot rebuild it")
+    check_plain_yaml(cfg, path)
     names = model.state.get("names") or [f"class{i}" for i in range(int(cfg.get("nc", 0)))]
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names]
     tensors = {k: v.float() if v.is_floating_point() else v for k, v in module_tensors(model).items()}
     return cfg, names, tensors, model.qualname, pickled_layer_classes(model)
+
+
+def _first_object(value, where: str):
+    """(where, value) of the first item in nested dicts/lists that is not plain YAML data, else None."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return None
+    if isinstance(value, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        items = ((f"{where}[{k!r}]", v) for k, v in value.items())
+        bad_key = next((k for k in value if not isinstance(k, (str, int))), None)
+        if bad_key is not None:
+            return f"{where} (a key)", bad_key
+    else:
+        return where, value
+    return next((found for w, v in items if (found := _first_object(v, w)) is not None), None)
+
+
+def check_plain_yaml(cfg: dict, path) -> None:
+    """Refuse a stored model YAML that holds anything but YAML data (strings, numbers, lists, dicts): a pickled
+    object there is never built into a model nor carried into the converted checkpoint."""
+    found = _first_object(cfg, "yaml")
+    if found is not None:
+        where, value = found
+        kind = value.qualname if isinstance(value, Placeholder) else type(value).__name__
+        raise UserError(f"{path}: the model YAML stored in the checkpoint holds a pickled object ({kind}) at "
+                        f"{where}, not YAML data; refusing to convert it (the file may be malicious)")
 
 
 def _layer_of(key: str) -> str:

@@ -177,10 +177,10 @@ def replace_folder(src, dst) -> None:
         old.unlink(missing_ok=True)
 
 
-def remove_orphaned_temp_files(folder, target_suffix: str = ".pt") -> list:
+def remove_orphaned_temp_files(folder, target_suffix: str | tuple = ".pt") -> list:
     """Delete temporary files of atomic writes that an earlier process left (SIGKILL, power loss).
 
-    Only ``.NAME.XXXX.tmp`` files whose NAME ends with ``target_suffix`` and that this process is
+    Only ``.NAME.XXXX.tmp`` files whose NAME ends with ``target_suffix`` (or one of a tuple) and that this process is
     not writing are removed. Returns ``(path, size_in_bytes)`` pairs of what was removed.
     """
     removed = []

@@ -9,7 +9,8 @@ kept up to ``--background-ratio`` times the number of tiles with boxes, chosen b
 
 Every tile is written atomically (temporary file, then rename) label first, image last, so an
 interrupted run leaves no half-written tile; running the same command again resumes where it
-stopped. ``DIR/data.yaml`` is written last. A different command on the same ``DIR`` is refused.
+stopped, and first deletes the temporary files (``.NAME.XXXXXXXX.tmp``) that a killed run leaves.
+``DIR/data.yaml`` is written last. A different command on the same ``DIR`` is refused.
 """
 
 import argparse
@@ -30,7 +31,7 @@ from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataset.image_io import collect_image_files, img2label_paths, read_image  # noqa: E402
 from utils.dataset.label_cache import verify_image_label  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.files import atomic_open, atomic_write_bytes, yaml_save  # noqa: E402
+from utils.files import atomic_open, atomic_write_bytes, remove_orphaned_temp_files, yaml_save  # noqa: E402
 from utils.logging import LOGGER  # noqa: E402
 from utils.slicing import tile_grid  # noqa: E402
 
@@ -124,9 +125,19 @@ def slice_split(data, split, out, args):
     images_dir, labels_dir = out / "images" / split, out / "labels" / split
     images_dir.mkdir(parents=True, exist_ok=True)
     labels_dir.mkdir(parents=True, exist_ok=True)
-    written = sum(write_image_tiles(f, plans[f], images_dir, labels_dir)
-                  for f in tqdm(im_files, desc=f"Slicing {split}", bar_format="{l_bar}{bar:10}{r_bar}"))
+    remove_stale_temporaries(images_dir, WRITABLE_SUFFIXES)
+    remove_stale_temporaries(labels_dir, ".txt")
+    with tqdm(im_files, desc=f"Slicing {split}", bar_format="{l_bar}{bar:10}{r_bar}") as bar:  # closed on errors
+        written = sum(write_image_tiles(f, plans[f], images_dir, labels_dir) for f in bar)  # too: ERROR on its line
     return sum(len(p) for p in plans.values()), written
+
+
+def remove_stale_temporaries(folder, target_suffixes) -> None:
+    """Delete the ``.NAME.XXXXXXXX.tmp`` files of atomic writes (of NAMEs ending in ``target_suffixes``) that a
+    killed earlier run left in ``folder``; the rerun writes those tiles again."""
+    removed = remove_orphaned_temp_files(folder, target_suffixes)
+    if removed:
+        LOGGER.info(f"Removed {len(removed)} temporary file(s) left in {folder} by an interrupted run")
 
 
 def check_settings(out, settings):
@@ -176,6 +187,8 @@ def slice_dataset(args):
     out = args.out.resolve()
     settings = {"data": str(Path(args.data).resolve()), **{k: getattr(args, k) for k in (
         "size", "overlap", "min_visibility", "background_ratio", "splits", "seed")}}
+    if out.is_dir():
+        remove_stale_temporaries(out, (SETTINGS_FILE, "data.yaml"))
     check_settings(out, settings)
     new_data = {"path": str(out), "names": dict(enumerate(data["names"]))}
     for split in ("train", "val", "test"):
@@ -192,7 +205,13 @@ def slice_dataset(args):
 
 @exit_on_user_error
 def main(argv=None):
-    slice_dataset(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        slice_dataset(args)
+    except OSError as e:  # every tile is written atomically: what is in --out is complete, and a rerun resumes
+        raise UserError(f"--out {args.out}: slicing stopped: {e.strerror or e} ({e.filename}); the tiles already "
+                        "in --out are complete; free disk space or fix the folder, then rerun the same command "
+                        "to resume") from None
 
 
 if __name__ == "__main__":

@@ -34,9 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> None:
-    """Parse the command line and run the chosen converter (a UserError propagates)."""
+    """Parse the command line and run the chosen converter (a UserError propagates).
+
+    A file-system fault (full disk, read-only folder, unreadable file) is a UserError too: the writer has then
+    removed its staging folder, so ``--out`` holds what it held before."""
     opt = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    FORMATS[opt.format][0].convert(opt)
+    try:
+        FORMATS[opt.format][0].convert(opt)
+    except OSError as e:
+        raise UserError(f"--out {opt.out}: the conversion stopped: {e.strerror or e} ({e.filename}); --out is "
+                        "unchanged and nothing half-written is left; free disk space or fix the folder, then "
+                        "rerun") from None
 
 
 main = exit_on_user_error(run)  # the entry point: a UserError becomes one ERROR line and exit code 2

@@ -216,7 +216,11 @@ def main(argv=None) -> None:
     report = dataset_report(opt.data, opt.imgsz)
     LOGGER.info(format_report(report))
     if opt.plot:
-        plot_report(report, opt.plot)
+        try:
+            plot_report(report, opt.plot)
+        except OSError as e:  # written atomically: a failed write leaves no partial PNG behind
+            raise UserError(f"--plot {opt.plot}: cannot write it ({e.strerror or e}); the report above is "
+                            "complete; free disk space or choose a writable --plot path") from None
         LOGGER.info(f"Plot written to {opt.plot}")
 
 

@@ -8,6 +8,7 @@ import contextlib
 import io
 import math
 import os
+import resource
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
@@ -32,13 +33,69 @@ def cache_mode(cache, prefix="") -> str | None:
     raise UserError(f"{prefix}--cache {cache!r}: use 'ram' or 'disk' (or leave it off)")
 
 
-def _available_memory() -> int:
-    """Bytes of memory available to new allocations (Linux MemAvailable, else free physical pages)."""
+PROC_MEMINFO = Path("/proc/meminfo")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+PROC_SELF_STATUS = Path("/proc/self/status")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _meminfo_available() -> int:
+    """Bytes the kernel could give new allocations (Linux MemAvailable, else free physical pages)."""
     with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in PROC_MEMINFO.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes left under the tightest cgroup v2 ``memory.max`` of this process's cgroup and its parents
+    (``memory.max`` minus ``memory.current``); None when no limit is set ("max") or cgroup v2 is absent."""
+    with contextlib.suppress(OSError):
+        relative = next((line[3:] for line in PROC_SELF_CGROUP.read_text().splitlines() if line.startswith("0::")),
+                        None)
+        if relative is None:
+            return None
+        folder, headrooms = CGROUP_ROOT / relative.strip().lstrip("/"), []
+        for level in (folder, *folder.parents):
+            if not level.is_relative_to(CGROUP_ROOT):
+                break
+            limit = _read_int(level / "memory.max")
+            if limit is not None:
+                headrooms.append(limit - (_read_int(level / "memory.current") or 0))
+        return min(headrooms, default=None)
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    """The integer in a one-value cgroup file; None when it is missing, unreadable or "max" (no limit)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text().strip())
+    return None
+
+
+def _rlimit_headroom() -> int | None:
+    """Bytes of address space left under ``RLIMIT_AS`` (soft limit minus this process's VmSize); None if unlimited.
+
+    A process maps far more address space than it touches, so this is what the limit really leaves."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    used = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in PROC_SELF_STATUS.read_text().splitlines():
+            if line.startswith("VmSize:"):
+                used = int(line.split()[1]) * 1024
+    return soft - used
+
+
+def _available_memory() -> tuple[int, str]:
+    """(bytes this process can still allocate, what limits it): the least of MemAvailable, the cgroup v2
+    ``memory.max`` headroom and the ``RLIMIT_AS`` headroom."""
+    limits = {"MemAvailable": _meminfo_available(), "cgroup memory.max": _cgroup_headroom(),
+              "RLIMIT_AS": _rlimit_headroom()}
+    name, available = min(((k, v) for k, v in limits.items() if v is not None), key=lambda kv: kv[1])
+    return max(available, 0), name
 
 
 class ImageCache:
@@ -118,10 +175,10 @@ class ImageCache:
         """Estimate the RAM cache from a sample of images; refuse (with a warning) if it would not fit."""
         sample = np.linspace(0, self.n - 1, min(self.n, 30)).astype(int)
         per_image = np.mean([self.base_image(i).nbytes for i in sample])
-        need, available = per_image * self.n * 1.1, _available_memory()
+        need, (available, limit) = per_image * self.n * 1.1, _available_memory()
         if need > available:
             LOGGER.warning(f"{self.prefix}--cache ram needs {need / 1e9:.1f} GB but only "
-                           f"{available / 1e9:.1f} GB is available; images not cached (try --cache disk)")
+                           f"{available / 1e9:.1f} GB is available ({limit}); images not cached (try --cache disk)")
             return False
         return True
 
@@ -142,7 +199,16 @@ class ImageCache:
         atomic_write_bytes(npy, buf.getvalue())
 
     def _cache_on_disk(self):
-        with ThreadPool(NUM_THREADS) as pool:
-            for _ in tqdm(pool.imap(self._write_npy, range(self.n)), total=self.n,
-                          desc=f"{self.prefix}Caching images (disk)", leave=False):
-                pass
+        """Write the .npy files; if the data set's folder cannot take them (read-only, full), warn once and read
+        the images themselves instead: training is slower, never different."""
+        try:
+            with ThreadPool(NUM_THREADS) as pool:
+                for _ in tqdm(pool.imap(self._write_npy, range(self.n)), total=self.n,
+                              desc=f"{self.prefix}Caching images (disk)", leave=False):
+                    pass
+        except OSError as e:
+            self.disk = False  # a half-written cache may hold stale files; read every image instead
+            folder = Path(e.filename or self.npy_files[0]).parent
+            LOGGER.warning(f"{self.prefix}--cache disk: cannot write .npy files in {folder} ({e.strerror or e}); "
+                           "images are read without a cache (use --cache ram, or make the data set's folder "
+                           "writable)")
