@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from utils.converters import coco, dota, vedai, visdrone, voc
-from utils.errors import exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.options import OneLineErrorParser
 
 FORMATS = {
