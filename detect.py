@@ -34,7 +34,7 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
-from utils.ops import check_img_size, non_max_suppression, scale_boxes, xyxy2xywhn  # noqa: E402
+from utils.ops import check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
 from utils.dataset.sources import LoadImages, Webcam  # noqa: E402
@@ -157,18 +157,12 @@ def save_path_for(save_dir, path, mode, frame, stems):
 
 
 def write_labels(det, im0_shape, save_conf, file):
-    """YOLO-format ``cls x y w h [conf]`` lines (normalised to the original image) for (n, 6) detections.
+    """Write ``file.txt``: YOLO-format labels of one frame's (n, 6) detections, normalised to the original image.
 
     The file is replaced, not appended to: each frame has its own file, and a rerun with --exist-ok
     must not add its rows to the earlier run's."""
-    h, w = im0_shape[:2]
-    lines = []
-    for *xyxy, conf, cls in det.tolist():
-        xywh = xyxy2xywhn(torch.tensor([xyxy]), w=w, h=h)[0].tolist()
-        values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
-        lines.append(("%g " * len(values)).rstrip() % values + "\n")
     with open(f"{file}.txt", "w") as f:
-        f.writelines(lines)
+        f.writelines(yolo_label_lines(det, im0_shape, save_conf))
 
 
 def show(window, frame):

@@ -35,7 +35,7 @@ from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import (check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh,  # noqa: E402
-                       xyxy2xywhn)
+                       yolo_label_lines)
 from utils.plots import (output_to_target, plot_ap_curves, plot_band_pr, plot_confusion_matrix,  # noqa: E402
                          plot_images)
 from utils.size_metrics import SizeBandStats, log_band_table  # noqa: E402
@@ -139,14 +139,10 @@ def coco_summary(evaluator):
 # ------------------------------------------------------------------------------- per image
 
 def save_one_txt(predn, save_conf, shape, file):
-    """Append YOLO-format lines ``cls x y w h [conf]`` (normalised to the original ``shape`` (h, w))."""
-    rows = []
-    for *xyxy, conf, cls in predn.tolist():
-        xywh = xyxy2xywhn(torch.tensor([xyxy]), w=shape[1], h=shape[0])[0].tolist()
-        values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
-        rows.append(("%g " * len(values)).rstrip() % values)
-    with open(file, "a") as f:
-        f.write("".join(r + "\n" for r in rows))
+    """Write one image's YOLO-format labels (normalised to the original ``shape`` (h, w)), replacing the file:
+    a rerun with --exist-ok must not add its rows to the earlier run's."""
+    with open(file, "w") as f:
+        f.writelines(yolo_label_lines(predn, shape, save_conf))
 
 
 def half_copy(model):

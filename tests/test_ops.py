@@ -234,3 +234,12 @@ def test_nms_hybrid_labels_match_reference():
     for g, e in zip(got, expected):  # label rows tie at confidence 1.0, so compare as sets of rows
         assert torch.equal(_rows_sorted(g), _rows_sorted(e))
     assert (got[2][:, 4] == 1.0).sum() == 1 and (got[0][:, 4] == 1.0).sum() == 2
+
+
+def test_yolo_label_lines_normalise_to_the_original_image_with_optional_confidence():
+    from utils.ops import yolo_label_lines
+
+    det = torch.tensor([[10.0, 20.0, 30.0, 60.0, 0.5, 2.0]])  # xyxy, conf, cls in a 100 x 200 (h x w) image
+    assert yolo_label_lines(det, (100, 200, 3), save_conf=False) == ["2 0.1 0.4 0.1 0.4\n"]
+    assert yolo_label_lines(det, (100, 200), save_conf=True) == ["2 0.1 0.4 0.1 0.4 0.5\n"]
+    assert yolo_label_lines(det[:0], (100, 200), save_conf=False) == []

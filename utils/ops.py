@@ -233,3 +233,15 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
             output[xi] = _nms_top(det[first:first + min(count, max_nms)], iou_thres, agnostic, max_det)
         first += count
     return [o.to(device) for o in output]
+
+
+def yolo_label_lines(det, shape, save_conf: bool) -> list[str]:
+    """YOLO-format label lines ``"cls x y w h [conf]\n"`` for ``(n, 6)`` xyxy/conf/cls detections in the
+    pixels of an image of ``shape`` ``(h, w, ...)``, normalised to it (val's and detect's ``--save-txt``)."""
+    h, w = shape[:2]
+    lines = []
+    for *xyxy, conf, cls in det.tolist():
+        xywh = xyxy2xywhn(torch.tensor([xyxy]), w=w, h=h)[0].tolist()
+        values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
+        lines.append(("%g " * len(values)).rstrip() % values + "\n")
+    return lines
