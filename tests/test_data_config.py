@@ -10,6 +10,7 @@ import pytest
 from utils.dataset import data_config
 from utils.dataset.data_config import check_dataset
 from utils.errors import UserError
+from utils.extra_hyps import EXTRA_HYP
 from utils.files import yaml_load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,6 +235,7 @@ HYP_KEYS = ["lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_m
             "cls", "cls_pw", "obj", "obj_pw", "iou_t", "anchor_t", "fl_gamma", "hsv_h", "hsv_s", "hsv_v", "degrees",
             "translate", "scale", "shear", "perspective", "flipud", "fliplr", "mosaic", "mixup", "copy_paste"]
 AUGMENTATION_KEYS = HYP_KEYS[HYP_KEYS.index("hsv_h"):]
+PROJECT_KEYS = list(EXTRA_HYP)  # this project's additions follow YOLOv5's keys (utils/extra_hyps.py)
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -243,12 +245,12 @@ AUGMENTATION_KEYS = HYP_KEYS[HYP_KEYS.index("hsv_h"):]
 ])
 def test_scratch_hyps_have_yolov5_keys_and_values(name, expected):
     hyp = yaml_load(ROOT / "data" / "hyps" / f"hyp.scratch-{name}.yaml")
-    assert list(hyp) == HYP_KEYS
+    assert list(hyp) == HYP_KEYS + PROJECT_KEYS
     assert {k: hyp[k] for k in expected} == expected
     assert (hyp["lr0"], hyp["momentum"], hyp["mosaic"], hyp["fliplr"], hyp["hsv_s"]) == (0.01, 0.937, 1.0, 0.5, 0.7)
 
 
 def test_no_augmentation_hyp_switches_every_augmentation_off():
     hyp = yaml_load(ROOT / "data" / "hyps" / "hyp.no-augmentation.yaml")
-    assert list(hyp) == HYP_KEYS
-    assert all(hyp[k] == 0 for k in AUGMENTATION_KEYS) and hyp["lr0"] == 0.01
+    assert list(hyp) == HYP_KEYS + PROJECT_KEYS
+    assert all(hyp[k] == 0 for k in AUGMENTATION_KEYS) and hyp["copy_paste_small"] == 0 and hyp["lr0"] == 0.01
