@@ -12,6 +12,7 @@ import torch
 import detect
 import train
 import val
+from models.backends import load_backend
 from models.yolo import Model
 from tests.support.run_outputs import results_rows
 from utils.dataset.data_config import check_dataset
@@ -121,5 +122,15 @@ def test_val_of_a_converted_checkpoint_matches_the_model_in_memory(tmp_path):
     in_memory, maps_memory, _ = val.run(data, model=copy.deepcopy(model), save_dir=tmp_path / "live", **options)
     fixed, _, _ = val.run(data, model=with_fixed_ffm(model), save_dir=tmp_path / "fixed", **options)
     assert in_memory[2] > 0.2, "the model should score on its own detections"
-    assert np.allclose(from_file[:4], in_memory[:4], rtol=0, atol=1e-9) and np.allclose(maps_file, maps_memory)
-    assert not np.allclose(fixed[:4], in_memory[:4], atol=1e-3)  # the arithmetic shows in the metrics
+    # val.py fuses the loaded model and runs it channels-last, which moves scores in their last bits; with more
+    # than one thread that can reorder near-tied detections, so metrics are compared with a small tolerance and
+    # the arithmetic itself on the raw outputs
+    assert np.allclose(from_file[:4], in_memory[:4], atol=0.05) and np.allclose(maps_file, maps_memory, atol=0.05)
+    assert not np.allclose(fixed[:4], in_memory[:4], atol=1e-3)
+    images = torch.rand((2, 3, 64, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        loaded = load_backend(str(weights))(images)[0]
+        reference = copy.deepcopy(model).eval()(images)[0]
+        changed = with_fixed_ffm(model)(images)[0]
+    file_error, arithmetic_effect = (loaded - reference).abs().max(), (changed - reference).abs().max()
+    assert file_error < arithmetic_effect / 100  # the file computes the authors' arithmetic, not the fixed one
