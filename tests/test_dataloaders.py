@@ -17,6 +17,7 @@ from utils.errors import UserError
 from utils.dataset.image_io import apply_orientation, img2label_paths, read_image
 from utils.dataset.sampling import DeterministicBatchSampler
 from utils.dataset.sources import LoadImages
+from tests.support.loader_batches import epoch_batches
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
@@ -499,22 +500,16 @@ def test_quad_collate_short_last_batch_upscales_instead_of_crashing(tmp_path):
 
 # ---------------------------------------------------------------- determinism, resume, shards
 
-def _epochs(loader, epochs):
-    out = []
-    for epoch in epochs:
-        loader.set_epoch(epoch)
-        out.append([(b[0].clone(), b[1].clone(), b[2]) for b in loader])
-    return out
 
 
-def test_batches_are_identical_for_workers_0_and_2_over_two_epochs(tmp_path):
+def test_batches_are_identical_for_workers_0_and_2_over_twoepoch_batches(tmp_path):
     images = make_dataset(tmp_path, n=10)
     kwargs = dict(hyp=HYP, augment=True, shuffle=True, seed=3)
     l0, _ = create_dataloader(str(images), 64, 4, 32, workers=0, **kwargs)
     l2, _ = create_dataloader(str(images), 64, 4, 32, workers=2, **kwargs)
     assert l0.num_workers == 0 and l2.num_workers == 2
     torch_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    a, b = _epochs(l0, [0, 1]), _epochs(l2, [0, 1])
+    a, b = epoch_batches(l0, [0, 1]), epoch_batches(l2, [0, 1])
     assert torch.equal(torch_state, torch.get_rng_state())  # loaders never touch the global generators
     assert np.array_equal(np_state[1], np.random.get_state()[1]) and py_state == random.getstate()
     assert [len(e) for e in a] == [3, 3]
@@ -527,7 +522,7 @@ def test_batches_are_identical_for_workers_0_and_2_over_two_epochs(tmp_path):
 def test_set_epoch_start_batch_yields_the_tail_of_the_full_epoch(tmp_path):
     images = make_dataset(tmp_path, n=10)
     loader, _ = create_dataloader(str(images), 64, 3, 32, hyp=HYP, augment=True, shuffle=True, seed=1, workers=0)
-    full = _epochs(loader, [4])[0]
+    full = epoch_batches(loader, [4])[0]
     loader.set_epoch(4, start_batch=2)
     tail = [(b[0], b[1], b[2]) for b in loader]
     assert len(full) == len(loader) == 4 and len(tail) == 2

@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from models.yolo import Model
-from tests.test_loss import HYP, TINY_CFG, _images, _targets
+from tests.test_loss import HYP, _images, _targets, base_model  # noqa: F401 (base_model is a fixture)
 from utils.errors import UserError
 from utils.loss import NWD_ASSIGN_THR, ComputeLoss
 from utils.metrics import bbox_iou, bbox_nwd
@@ -61,14 +60,6 @@ def test_gradient_is_finite_even_for_identical_boxes_and_half_precision():
 
 
 # ---------------------------------------------------------------- the blended box loss
-
-@pytest.fixture(scope="module")
-def base_model():
-    torch.manual_seed(0)
-    model = Model(copy.deepcopy(TINY_CFG))
-    model.hyp = dict(HYP)
-    return model
-
 
 def _compute(base_model, **hyp):
     model = copy.deepcopy(base_model)

@@ -13,6 +13,7 @@ from utils.dataset.tiles import (MIN_VISIBILITY, box_scale, crop_labels, letterb
                                  sample_tile, tile_window)
 from utils.errors import UserError
 from utils.extra_hyps import mean_object_size
+from tests.support.loader_batches import epoch_batches
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
@@ -231,12 +232,6 @@ def test_mosaic_of_tiles_gives_valid_boxes_and_differs_from_whole_images(tmp_pat
 
 # ---------------------------------------------------------------- determinism, resume, caches, disk
 
-def _epochs(loader, epochs):
-    out = []
-    for epoch in epochs:
-        loader.set_epoch(epoch)
-        out.append([(b[0].clone(), b[1].clone(), b[2]) for b in loader])
-    return out
 
 
 def _same(a, b):
@@ -244,22 +239,22 @@ def _same(a, b):
                                     for (ia, ta, pa), (ib, tb, pb) in zip(a, b))
 
 
-def test_tile_batches_are_identical_for_workers_0_and_2_over_two_epochs(tmp_path):
+def test_tile_batches_are_identical_for_workers_0_and_2_over_twoepoch_batches(tmp_path):
     images = make_large_dataset(tmp_path, n=10)
     kwargs = dict(hyp=HYP, augment=True, shuffle=True, seed=3, train_tiles=64)
     l0, _ = create_dataloader(str(images), 64, 4, 32, workers=0, **kwargs)
     l2, _ = create_dataloader(str(images), 64, 4, 32, workers=2, **kwargs)
     assert l0.num_workers == 0 and l2.num_workers == 2
-    a, b = _epochs(l0, [0, 1]), _epochs(l2, [0, 1])
+    a, b = epoch_batches(l0, [0, 1]), epoch_batches(l2, [0, 1])
     assert all(_same(ea, eb) for ea, eb in zip(a, b))
-    assert not _same(a[0], _epochs(l0, [1])[0])  # another epoch, other tiles
+    assert not _same(a[0], epoch_batches(l0, [1])[0])  # another epoch, other tiles
 
 
 def test_tile_epoch_tail_after_set_epoch_start_batch_matches_the_full_epoch(tmp_path):
     images = make_large_dataset(tmp_path, n=10)
     loader, _ = create_dataloader(str(images), 64, 3, 32, hyp=HYP, augment=True, shuffle=True, seed=1, workers=0,
                                   train_tiles=64)
-    full = _epochs(loader, [4])[0]
+    full = epoch_batches(loader, [4])[0]
     loader.set_epoch(4, start_batch=2)
     assert _same(full[2:], [(b[0], b[1], b[2]) for b in loader])
 
@@ -282,7 +277,7 @@ def test_tile_training_writes_no_files(tmp_path):
     loader, _ = create_dataloader(str(images), 64, 2, 32, hyp=HYP, augment=True, shuffle=True, workers=0,
                                   train_tiles=64)
     listing = sorted((p, p.stat().st_size) for p in tmp_path.rglob("*"))  # the label cache exists by now
-    _epochs(loader, [0, 1])
+    epoch_batches(loader, [0, 1])
     assert sorted((p, p.stat().st_size) for p in tmp_path.rglob("*")) == listing
 
 
