@@ -225,7 +225,7 @@ def _synthetic_dataset(rng, n_images=24, nc=3, size=(320, 240)):
 
 def test_map_agrees_with_pycocotools(tmp_path):
     pytest.importorskip("pycocotools")
-    import val
+    from utils import coco_eval
     from utils.ops import xywhn2xyxy
 
     rng = np.random.default_rng(7)
@@ -242,17 +242,28 @@ def test_map_agrees_with_pycocotools(tmp_path):
     ap = ap_per_class(tp, conf, pred_cls, target_cls)[5]
     own_map50, own_map = ap[:, 0].mean(), ap.mean()
 
-    gt_json = val.coco_ground_truth(im_files, np.array([size] * len(labels)), labels, names)
-    ids = val.coco_image_ids(im_files)
+    gt_json = coco_eval.coco_ground_truth(im_files, np.array([size] * len(labels)), labels, names)
+    ids = coco_eval.coco_image_ids(im_files)
     assert ids[str(im_files[3])] == 3
-    pred_json = [row for f, det in zip(im_files, predictions) for row in val.coco_predictions(det, ids[str(f)])]
+    pred_json = [row for f, det in zip(im_files, predictions) for row in coco_eval.coco_predictions(det, ids[str(f)])]
     (tmp_path / "gt.json").write_text(json.dumps(gt_json))
     (tmp_path / "pred.json").write_text(json.dumps(pred_json))
-    coco_map, coco_map50 = val.coco_evaluate(tmp_path / "gt.json", tmp_path / "pred.json")
+    coco_map, coco_map50 = coco_eval.coco_evaluate(tmp_path / "gt.json", tmp_path / "pred.json")
 
     assert 0.2 < own_map < 0.9, "the data set should be neither trivial nor hopeless"
     assert abs(own_map - coco_map) < 0.01
     assert abs(own_map50 - coco_map50) < 0.01
+
+
+def test_coco_image_ids_are_numbers_or_stems_and_refuse_twin_names(tmp_path):
+    from utils.coco_eval import coco_image_ids
+
+    assert coco_image_ids([tmp_path / "000007.jpg", tmp_path / "12.png"]) == {str(tmp_path / "000007.jpg"): 7,
+                                                                              str(tmp_path / "12.png"): 12}
+    assert coco_image_ids([tmp_path / "7.jpg", tmp_path / "b.jpg"]) == {str(tmp_path / "7.jpg"): "7",
+                                                                       str(tmp_path / "b.jpg"): "b"}
+    with pytest.raises(UserError, match="several images are named 'a'"):
+        coco_image_ids([tmp_path / "x" / "a.jpg", tmp_path / "y" / "a.png"])
 
 
 def test_plot_val_study(tmp_path):

@@ -144,7 +144,7 @@ def test_coco_summary_matches_pycocotools_and_honours_max_det():
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    import val
+    from utils.coco_eval import coco_summary
 
     scenes = _random_scene(np.random.default_rng(2), n_images=10)
     images = [{"id": i, "width": 400, "height": 400} for i in range(1, len(scenes) + 1)]
@@ -161,12 +161,12 @@ def test_coco_summary_matches_pycocotools_and_honours_max_det():
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    assert np.allclose(val.coco_summary(evaluator), evaluator.stats)
+    assert np.allclose(coco_summary(evaluator), evaluator.stats)
     with contextlib.redirect_stdout(io.StringIO()):
         evaluator.params.maxDets = [1, 10, 300]
         evaluator.evaluate()
         evaluator.accumulate()
-    assert val.coco_summary(evaluator)[0] > 0  # pycocotools' own first line would be -1 here
+    assert coco_summary(evaluator)[0] > 0  # pycocotools' own first line would be -1 here
 
 
 def test_band_covering_everything_is_val_matching():
