@@ -517,10 +517,11 @@ class TrainLoop:
         final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
         results, bands = (0, 0, 0, 0, 0, 0, 0), None
         if not opt.noval or final_epoch:
-            results, _, _, bands = validate.run(
+            checked = validate.run(
                 ctx.data_dict, batch_size=ctx.per_rank_batch, imgsz=ctx.imgsz, half=self.amp, model=self.ema.ema,
                 single_cls=opt.single_cls, dataloader=ctx.val_loader, save_dir=ctx.save_dir, plots=False,
                 compute_loss=self.compute_loss, names=ctx.names, size_bands=True)
+            results, bands = checked.metrics, checked.bands
         fi = float(fitness(np.array(results).reshape(1, -1))[0])
         stop = self.stopper(epoch=epoch, fitness=fi)
         self.best_fitness = max(self.best_fitness, fi)
@@ -538,10 +539,10 @@ def finish_run(ctx: RunContext, final: tuple, results):
     if not ctx.opt.evolve:
         LOGGER.info(f"\nValidating {final_file}...")
         model = attempt_load(final_file, device=ctx.device, fuse=True)
-        results, _, _ = validate.run(
+        results = validate.run(
             ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
             single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,
-            names=ctx.names)
+            names=ctx.names).metrics
     if ctx.plots:
         plot_results(ctx.save_dir / "results.csv")
     return results

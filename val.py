@@ -129,13 +129,13 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None,
         slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, size_bands=False,
         plot_bands=False):
-    """Validate; returns ``((P, R, mAP50, mAP50-95, box, obj, cls losses), per-class mAP50-95 (nc,), times)``.
+    """Validate; returns a :class:`ValResult` (metrics, per-class mAP50-95, per-image times, size bands).
 
-    ``times`` = per-image milliseconds (pre-process, inference, NMS). With ``model`` given (from
-    train.py), that model is used as is, ``data`` is the data dict and half precision applies on CUDA only.
-    ``max_det`` None takes the data YAML's ``max_det`` (:func:`detections_per_image`).
-    ``size_bands=True`` appends a fourth item, the size-band metrics (utils/size_metrics.py), which
-    are printed under the usual table outside training. ``slice_size`` > 0 predicts each full-size
+    With ``model`` given (from train.py), that model is used as is, ``data`` is the data dict and half
+    precision applies on CUDA only. ``max_det`` None takes the data YAML's ``max_det``
+    (:func:`detections_per_image`). The size-band metrics (utils/size_metrics.py) are computed outside
+    training, and during training with ``size_bands=True`` or ``verbose``; they are printed under the
+    usual table outside training or with ``verbose``. ``slice_size`` > 0 predicts each full-size
     image by sliced inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes
     PR_curve_bands.png: precision-recall at IoU 0.5 per object-size band.
     """
@@ -180,8 +180,29 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     map_, map50 = coco if coco is not None else (map_, map50)
     if not training:
         _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
-    results = (mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist())
-    return (results, maps, times, bands) if size_bands else (results, maps, times)
+    return ValResult(mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist(), maps=maps, times=times,
+                     bands=bands)
+
+
+@dataclass(eq=False)
+class ValResult:
+    """One validation's figures: what results.csv logs, per-class mAP, speed and the size bands."""
+
+    precision: float  # mean over classes
+    recall: float
+    map50: float
+    map50_95: float  # mAP50 and mAP50-95 are pycocotools' with --save-json
+    box_loss: float  # mean per batch; 0 without compute_loss
+    obj_loss: float
+    cls_loss: float
+    maps: np.ndarray  # (nc,) per-class mAP50-95; classes without labels get the mean
+    times: tuple  # per-image milliseconds (pre-process, inference, NMS)
+    bands: dict | None = None  # size-band metrics (utils/size_metrics.py), None when not computed
+
+    @property
+    def metrics(self) -> tuple:
+        """(P, R, mAP50, mAP50-95, box, obj, cls losses): the 7 figures results.csv, fitness and evolve read."""
+        return (self.precision, self.recall, self.map50, self.map50_95, self.box_loss, self.obj_loss, self.cls_loss)
 
 
 def _band_results(band_stats, show: bool, plot_dir):
@@ -403,7 +424,7 @@ def main(opt):
     _warn_about_options(opt)
     weights = opt.weights if len(opt.weights) > 1 else opt.weights[0]
     if opt.task in ("train", "val", "test"):
-        return run(**{**vars(opt), "weights": weights, "size_bands": True})
+        return run(**{**vars(opt), "weights": weights})
     if opt.task == "speed":
         for w in opt.weights:
             run(**{**vars(opt), "weights": w, "conf_thres": 0.25, "iou_thres": 0.45, "save_json": False,
@@ -421,8 +442,8 @@ def study(opt):
         rows = []
         for size in STUDY_SIZES:
             LOGGER.info(f"\nRunning {w} --imgsz {size}...")
-            results, _, times = run(**{**vars(opt), "weights": w, "imgsz": size, "plots": False})
-            rows.append([size, *results, *times])
+            result = run(**{**vars(opt), "weights": w, "imgsz": size, "plots": False})
+            rows.append([size, *result.metrics, *result.times])
         out = Path(opt.project) / f"study_{Path(opt.data).stem}_{Path(w).stem}.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         np.savetxt(out, np.array(rows), fmt="%10.4g")

@@ -72,10 +72,9 @@ def size_band_ap(weights: Path, data_yaml: Path, imgsz: int, out: Path) -> dict:
     import val
     from utils.dataset.data_config import check_dataset
 
-    *_, bands = val.run(check_dataset(data_yaml), weights=str(weights), batch_size=16, imgsz=imgsz,
-                        device="cpu", workers=0, project=str(out / "val"), name=weights.parent.parent.name,
-                        exist_ok=True, plots=False, size_bands=True)
-    return bands
+    return val.run(check_dataset(data_yaml), weights=str(weights), batch_size=16, imgsz=imgsz,
+                   device="cpu", workers=0, project=str(out / "val"), name=weights.parent.parent.name,
+                   exist_ok=True, plots=False, size_bands=True).bands
 
 
 def run_name(job: dict) -> str:

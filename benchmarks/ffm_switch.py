@@ -90,10 +90,10 @@ def validate(opt, weights: Path, name: str) -> tuple:
     """``(mAP50, mAP50-95)`` of ``weights`` on the val split."""
     import val
 
-    results, _, _ = val.run(opt.data, weights=str(weights), batch_size=opt.batch_size, imgsz=opt.imgsz,
-                            device=opt.device, workers=0, half=False, plots=False,
-                            project=str(Path(opt.out) / "val"), name=name, exist_ok=True)
-    return float(results[2]), float(results[3])
+    result = val.run(opt.data, weights=str(weights), batch_size=opt.batch_size, imgsz=opt.imgsz,
+                     device=opt.device, workers=0, half=False, plots=False,
+                     project=str(Path(opt.out) / "val"), name=name, exist_ok=True)
+    return float(result.map50), float(result.map50_95)
 
 
 def curve(run_dir: Path) -> list:

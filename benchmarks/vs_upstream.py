@@ -158,7 +158,7 @@ def task_val(side, cfg):
     start = time.perf_counter()
     if side.name == "ours":
         results = side.val.run(data, model=model, batch_size=cfg["batch"], imgsz=cfg["imgsz"], workers=cfg["workers"],
-                               plots=False)[0]
+                               plots=False).metrics
     else:
         loader = side.loader(cfg["val"], cfg["imgsz"], cfg["batch"], cfg["workers"], augment=False)
         results = side.val.run(data, model=model, dataloader=loader, batch_size=cfg["batch"], imgsz=cfg["imgsz"],

@@ -213,9 +213,9 @@ def saved_predictions(run_dir):
 def test_val_exported_models_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_data, tmp_path):
     results, predictions = {}, {}
     for weights in (tiny_pt, *dynamic_exports):
-        (mp, mr, map50, map_, *_), _, _ = val.run(shapes_data, weights=str(weights), batch_size=2, imgsz=64,
-                                                   conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True, save_conf=True,
-                                                   project=tmp_path, name=weights.name)
+        mp, mr, map50, map_, *_ = val.run(shapes_data, weights=str(weights), batch_size=2, imgsz=64,
+                                          conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True, save_conf=True,
+                                          project=tmp_path, name=weights.name).metrics
         results[weights.name] = (mp, mr, map50, map_)
         predictions[weights.name] = saved_predictions(tmp_path / weights.name)
     assert sum(map(len, predictions["tiny.pt"].values())) > 50  # an untrained model's mAP is ~0, so the predictions are compared too
@@ -243,10 +243,10 @@ def test_val_runs_a_static_export_at_its_own_size_on_square_batches(static_expor
     what the .pt scores on the same square batches."""
     options = dict(batch_size=2, imgsz=64, conf_thres=0.03, max_det=100, workers=0, plots=False, save_txt=True,
                    save_conf=True, project=tmp_path)
-    (*static, _, _, _), _, _ = val.run(shapes_data, weights=str(static_exports[fmt]), name=fmt, **options)
+    static = val.run(shapes_data, weights=str(static_exports[fmt]), name=fmt, **options).metrics[:4]
     data = check_dataset(shapes_data)
     square = create_dataloader(data["val"], 64, 2, 32, pad=0.0, rect=False, workers=0)[0]
-    (*reference, _, _, _), _, _ = val.run(shapes_data, weights=str(tiny_pt), dataloader=square, name="pt", **options)
+    reference = val.run(shapes_data, weights=str(tiny_pt), dataloader=square, name="pt", **options).metrics[:4]
     assert np.allclose(static, reference, atol=0.001)
     predictions, ref = saved_predictions(tmp_path / fmt), saved_predictions(tmp_path / "pt")
     assert sum(map(len, ref.values())) > 50 and predictions.keys() == ref.keys()

@@ -116,17 +116,18 @@ def test_val_of_a_converted_checkpoint_matches_the_model_in_memory(tmp_path):
     data_yaml = self_labelled_set(model, tmp_path / "data")
     weights = write_converted(model, tmp_path / "converted.pt")
     options = dict(batch_size=8, imgsz=64, half=False, plots=False, max_det=30)
-    from_file, maps_file, _ = val.run(str(data_yaml), weights=str(weights), device="cpu", workers=0,
-                                      project=str(tmp_path), name="val", **options)
+    from_file = val.run(str(data_yaml), weights=str(weights), device="cpu", workers=0,
+                        project=str(tmp_path), name="val", **options)
     data = check_dataset(data_yaml)
-    in_memory, maps_memory, _ = val.run(data, model=copy.deepcopy(model), save_dir=tmp_path / "live", **options)
-    fixed, _, _ = val.run(data, model=with_fixed_ffm(model), save_dir=tmp_path / "fixed", **options)
-    assert in_memory[2] > 0.2, "the model should score on its own detections"
+    in_memory = val.run(data, model=copy.deepcopy(model), save_dir=tmp_path / "live", **options)
+    fixed = val.run(data, model=with_fixed_ffm(model), save_dir=tmp_path / "fixed", **options)
+    assert in_memory.map50 > 0.2, "the model should score on its own detections"
     # val.py fuses the loaded model and runs it channels-last, which moves scores in their last bits; with more
     # than one thread that can reorder near-tied detections, so metrics are compared with a small tolerance and
     # the arithmetic itself on the raw outputs
-    assert np.allclose(from_file[:4], in_memory[:4], atol=0.05) and np.allclose(maps_file, maps_memory, atol=0.05)
-    assert not np.allclose(fixed[:4], in_memory[:4], atol=1e-3)
+    assert np.allclose(from_file.metrics[:4], in_memory.metrics[:4], atol=0.05)
+    assert np.allclose(from_file.maps, in_memory.maps, atol=0.05)
+    assert not np.allclose(fixed.metrics[:4], in_memory.metrics[:4], atol=1e-3)
     images = torch.rand((2, 3, 64, 64), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         loaded = load_backend(str(weights))(images)[0]

@@ -205,17 +205,18 @@ def test_val_one_whole_image_tile_equals_unsliced_val(tiny_weights, shapes_data,
     assert plain_txt.keys() == sliced_txt.keys()
     for name, rows in plain_txt.items():  # the tile path maps boxes back with other float steps: 1e-5 px-scale
         assert rows.shape == sliced_txt[name].shape and np.allclose(rows, sliced_txt[name], atol=1e-5), name
-    assert np.allclose(plain[0][:4], sliced[0][:4], rtol=1e-2)  # a box on an IoU threshold may flip
-    assert [plain[3][k]["instances"] for k in plain[3]] == [sliced[3][k]["instances"] for k in sliced[3]]
+    assert np.allclose(plain.metrics[:4], sliced.metrics[:4], rtol=1e-2)  # a box on an IoU threshold may flip
+    assert [plain.bands[k]["instances"] for k in plain.bands] == [sliced.bands[k]["instances"] for k in sliced.bands]
 
 
 @pytest.mark.slow
 def test_val_sliced_with_full_pass_runs_and_reports_bands(tiny_weights, shapes_data, tmp_path, log_lines):
     import val
 
-    results, maps, _, bands = val.run(shapes_data, weights=str(tiny_weights), batch_size=8, imgsz=128, device="cpu",
-                                      workers=0, plots=False, project=tmp_path, slice_size=96, conf_thres=0.2,
-                                      slice_overlap=0.25, slice_merge="nmm", size_bands=True)
+    result = val.run(shapes_data, weights=str(tiny_weights), batch_size=8, imgsz=128, device="cpu", workers=0,
+                     plots=False, project=tmp_path, slice_size=96, conf_thres=0.2, slice_overlap=0.25,
+                     slice_merge="nmm")
+    results, maps, bands = result.metrics, result.maps, result.bands
     assert all(np.isfinite(results[:4])) and maps.shape == (4,)
     label_files = (shapes_data.parent / "shapes" / "labels" / "val").glob("*.txt")
     n_labels = sum(len(f.read_text().splitlines()) for f in label_files)

@@ -104,8 +104,7 @@ def test_early_stopping_ends_before_last_epoch(shapes_data, tiny_cfg, tmp_path, 
 
     def fake_validation(*args, **kwargs):
         m = next(falling)
-        outputs = (m, m, m, m, 0.1, 0.1, 0.1), None, (0.0, 0.0, 0.0)
-        return (*outputs, None) if kwargs.get("size_bands") else outputs
+        return train.validate.ValResult(m, m, m, m, 0.1, 0.1, 0.1, maps=None, times=(0.0, 0.0, 0.0))
 
     monkeypatch.setattr(train.validate, "run", fake_validation)
     run_dir = train_run(tmp_path, shapes_data, tiny_cfg, epochs=6, patience=2, noplots=True)

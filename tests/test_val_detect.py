@@ -148,9 +148,10 @@ def _check_yolo_lines(files, with_conf):
 @pytest.mark.slow
 def test_val_end_to_end_writes_metrics_plots_labels_and_coco_json(trained, shapes_data, tmp_path):
     _, weights = trained
-    (mp, mr, map50, map_, *losses), maps, times = val.run(
+    result = val.run(
         shapes_data, weights=str(weights), batch_size=8, imgsz=64, device="cpu", workers=0, save_txt=True,
         save_conf=True, save_json=True, project=tmp_path, name="val", max_det=30)
+    (mp, mr, map50, map_, *losses), maps, times = result.metrics, result.maps, result.times
     assert all(0.0 <= v <= 1.0 for v in (mp, mr, map50, map_)) and map50 >= map_
     assert losses == [0.0, 0.0, 0.0] and len(times) == 3 and maps.shape == (len(NAMES),)
     out = tmp_path / "val"
@@ -185,12 +186,12 @@ def test_val_metrics_are_the_same_on_an_idle_and_a_loaded_machine(trained, shape
     _, weights = trained
     args = dict(weights=str(weights), batch_size=8, imgsz=64, device="cpu", workers=0, plots=False,
                 project=tmp_path, max_det=30, conf_thres=0.001, save_txt=True, save_conf=True)
-    idle, idle_maps, _ = val.run(shapes_data, name="idle", **args)
+    idle = val.run(shapes_data, name="idle", **args)
     busy = _busy_processes(2)
     try:
         with monkeypatch.context() as patched:
             _jumping_clock(patched)
-            loaded, loaded_maps, _ = val.run(shapes_data, name="loaded", **args)
+            loaded = val.run(shapes_data, name="loaded", **args)
     finally:
         for process in busy:
             process.kill()
@@ -198,8 +199,8 @@ def test_val_metrics_are_the_same_on_an_idle_and_a_loaded_machine(trained, shape
     detections = {f.name: f.read_text() for f in sorted((tmp_path / "idle" / "labels").glob("*.txt"))}
     assert sum(text.count("\n") for text in detections.values()) >= 8, "needs detections a time limit could drop"
     assert {f.name: f.read_text() for f in sorted((tmp_path / "loaded" / "labels").glob("*.txt"))} == detections
-    assert loaded == idle
-    assert np.array_equal(loaded_maps, idle_maps)
+    assert loaded.metrics == idle.metrics
+    assert np.array_equal(loaded.maps, idle.maps)
 
 
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
@@ -212,9 +213,10 @@ def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
                  "fl_gamma": 0.0}
     data = check_dataset(shapes_data)
     loader = create_dataloader(data["val"], 64, 8, 16, pad=0.5, rect=True, workers=0)[0]
-    results, maps, _ = val.run(data, batch_size=8, imgsz=64, model=model, dataloader=loader, save_dir=tmp_path,
-                               plots=False, compute_loss=ComputeLoss(model), half=True)
-    assert len(results) == 7 and all(np.isfinite(results))
+    result = val.run(data, batch_size=8, imgsz=64, model=model, dataloader=loader, save_dir=tmp_path,
+                     plots=False, compute_loss=ComputeLoss(model), half=True)
+    results = result.metrics
+    assert len(results) == 7 and all(np.isfinite(results)) and result.bands is None
     assert results[4] > 0 and results[5] > 0, "validation losses should be reported"
     assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     assert next(model.parameters()).dtype == torch.float32

@@ -90,10 +90,10 @@ def validate_fold(data_yaml: Path, run_dir: Path) -> tuple:
                         f"'python train.py --resume {run_dir / 'weights' / 'last.pt'}')")
     run_opt = yaml_load(run_dir / "opt.yaml")
     batch = 2 * run_opt["batch_size"] if run_opt["batch_size"] > 0 else 32
-    results, _, _ = val.run(str(data_yaml), weights=str(weights), batch_size=batch, imgsz=run_opt["imgsz"],
-                            device=run_opt["device"], workers=0, half=False, plots=False, project=str(run_dir),
-                            name="folds-val", exist_ok=True)
-    return float(results[2]), float(results[3])
+    result = val.run(str(data_yaml), weights=str(weights), batch_size=batch, imgsz=run_opt["imgsz"],
+                     device=run_opt["device"], workers=0, half=False, plots=False, project=str(run_dir),
+                     name="folds-val", exist_ok=True)
+    return float(result.map50), float(result.map50_95)
 
 
 def summary_lines(metrics: dict) -> list:
