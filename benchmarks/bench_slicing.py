@@ -12,7 +12,6 @@ detect.py), mapping back, the full-image pass (unless --no-full-pass) and the me
 """
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ if str(ROOT) not in sys.path:
 from models.experimental import attempt_load  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.augmentations import letterbox  # noqa: E402
+from utils.dataset.synthetic.shapes import make_image  # noqa: E402
 from utils.ops import non_max_suppression  # noqa: E402
 from utils.slicing import sliced_predictor, tile_grid  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
@@ -35,10 +35,7 @@ from utils.torch_utils import select_device  # noqa: E402
 
 def large_images(n, size):
     """``n`` synthetic BGR images of ``size`` px with 40-80 objects of 6-16 px."""
-    spec = importlib.util.spec_from_file_location("make_shapes", ROOT / "data" / "scripts" / "make_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return [module.make_image(np.random.default_rng([0, i]), size, (6, 16), (40, 80))[0] for i in range(n)]
+    return [make_image(np.random.default_rng([0, i]), size, (6, 16), (40, 80))[0] for i in range(n)]
 
 
 def load_model(args, device):

@@ -217,7 +217,7 @@ def prepare(args, scratch):
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from data.scripts.make_shapes import NAMES, make_shapes
+    from utils.dataset.synthetic.shapes import NAMES, make_shapes
     from models.yolo import Model
 
     roots = {}

@@ -1,6 +1,5 @@
 """Shared fixtures: the repository on sys.path, a tiny generated data set, clean global state."""
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402  (needs ROOT on sys.path)
+
 TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
 
 # Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
@@ -19,16 +20,9 @@ TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
 os.environ["FFCA_AUDIT_CACHE"] = "off"
 
 
-def _load_shapes_generator():
-    spec = importlib.util.spec_from_file_location("make_shapes", ROOT / "data" / "scripts" / "make_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_shapes
-
-
 def write_shapes_dataset(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 0) -> Path:
     """Generate a small shapes data set under ``root`` and return its data YAML."""
-    _load_shapes_generator()(root / "shapes", n_train=n_train, n_val=n_val, seed=seed)
+    make_shapes(root / "shapes", n_train=n_train, n_val=n_val, seed=seed)
     yaml_file = root / "shapes.yaml"
     yaml_file.write_text(f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
                          "names: [circle, square, triangle, cross]\n")

@@ -10,8 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
 from benchmarks.accuracy_variants import swap_modules, variant_yaml  # noqa: E402
-from make_tiny_shapes import MAX_SIDE, MIN_SIDE, make_tiny_shapes  # noqa: E402
 from models.yolo import Model  # noqa: E402
+from utils.dataset.synthetic.glyphs import NAMES as GLYPH_NAMES, make_glyphs  # noqa: E402
+from utils.dataset.synthetic.tiny_shapes import MAX_SIDE, MIN_SIDE, make_tiny_shapes  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 
 
@@ -38,8 +39,6 @@ def test_tiny_shapes_sizes_and_refuses_to_overwrite(tmp_path):
 
 
 def test_glyphs_are_deterministic_sized_and_refuse_to_overwrite(tmp_path):
-    from make_glyphs import NAMES, make_glyphs
-
     yaml_file = make_glyphs(tmp_path / "g", n_train=3, n_val=1, seed=5, size=96, sides=(8, 16))
     again = make_glyphs(tmp_path / "h", n_train=3, n_val=1, seed=5, size=96, sides=(8, 16))
     first = sorted((tmp_path / "g" / "labels" / "train").glob("*.txt"))
@@ -47,8 +46,8 @@ def test_glyphs_are_deterministic_sized_and_refuse_to_overwrite(tmp_path):
     labels = np.concatenate([np.loadtxt(f, ndmin=2) for f in first])
     longer_side = np.maximum(labels[:, 3], labels[:, 4]) * 96
     assert len(labels) >= 3 * 3 and longer_side.min() >= 3 and longer_side.max() <= 16 * 1.2
-    assert set(labels[:, 0].astype(int)) <= set(range(len(NAMES)))
-    assert f"names: [{', '.join(NAMES)}]" in yaml_file.read_text() and again.exists()
+    assert set(labels[:, 0].astype(int)) <= set(range(len(GLYPH_NAMES)))
+    assert f"names: [{', '.join(GLYPH_NAMES)}]" in yaml_file.read_text() and again.exists()
     with pytest.raises(FileExistsError):
         make_glyphs(tmp_path / "g", n_train=1, n_val=1)
 

@@ -1,5 +1,6 @@
 """The dependency rules of docs/architecture.md, checked on the source: no import cycles (function-level
-imports included) and no arrow back up (utils/ -> models/ or an entry script, models/ -> an entry script)."""
+imports included), no arrow back up (utils/ -> models/ or an entry script, models/ -> an entry script), and
+no code loaded by file path (which hides an import from both checks)."""
 
 import ast
 from pathlib import Path
@@ -106,6 +107,35 @@ def upward_imports(graph: dict) -> list:
     return found
 
 
+# calls that load or run code by file path or by a module name held in a string: the import graph cannot see them
+FILE_PATH_LOADERS = {"spec_from_file_location", "SourceFileLoader", "SourcelessFileLoader", "run_path", "run_module",
+                     "load_source"}
+
+
+def file_path_loads(source: str) -> list:
+    """``'line N: name'`` for every call of a :data:`FILE_PATH_LOADERS` name, as a function or an attribute
+    (``importlib.util.spec_from_file_location(...)``, ``runpy.run_path(...)``, ``SourceFileLoader(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in FILE_PATH_LOADERS:
+            found.append((node.lineno, node.col_offset, name))
+    return [f"line {line}: {name}" for line, _, name in sorted(found)]
+
+
+def hidden_imports(root: Path) -> dict:
+    """``{module: file_path_loads(...)}`` for the project modules (utils/, models/, entry scripts) that have any."""
+    found = {}
+    for name, path in project_modules(root).items():
+        hits = file_path_loads(path.read_text(encoding="utf-8"))
+        if hits:
+            found[name] = hits
+    return found
+
+
 # ----------------------------------------------------------------------------- the checker itself
 
 
@@ -151,6 +181,37 @@ def test_checker_flags_a_planted_cycle_and_upward_imports(tmp_path):
     assert upward_imports(graph) == ["models.net -> train", "utils.helpers -> models.net"]
 
 
+def test_file_path_loads_sees_every_loader_form():
+    source = """
+import importlib.util
+import runpy
+from importlib.machinery import SourceFileLoader
+from importlib.util import spec_from_file_location
+
+spec = importlib.util.spec_from_file_location("gen", "data/scripts/make_shapes.py")
+runpy.run_path("tool.py")
+
+def late():
+    SourceFileLoader("x", "x.py").load_module()
+    return spec_from_file_location("y", "y.py"), runpy.run_module("utils.tool")
+
+importlib.import_module("onnx")  # a named optional package: visible enough, not flagged
+"""
+    assert file_path_loads(source) == ["line 7: spec_from_file_location", "line 8: run_path",
+                                       "line 11: SourceFileLoader", "line 12: spec_from_file_location",
+                                       "line 12: run_module"]
+    assert file_path_loads("import importlib.util\nfrom utils import ops\n") == []
+
+
+def test_checker_flags_a_planted_file_path_load_in_product_code_only(tmp_path):
+    for folder in ("utils", "models", "tests", "benchmarks", "data"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "loader.py").write_text("import runpy\nrunpy.run_path('data/scripts/make.py')\n")
+    (tmp_path / "train.py").write_text("import importlib.util\n\nimportlib.util.spec_from_file_location('a', 'a')\n")
+    assert hidden_imports(tmp_path) == {"utils.loader": ["line 2: run_path"], "models.loader": ["line 2: run_path"],
+                                        "train": ["line 3: spec_from_file_location"]}
+
+
 # ----------------------------------------------------------------------------- the project
 
 
@@ -170,3 +231,7 @@ def test_project_has_no_import_cycles(graph):
 
 def test_no_import_runs_back_up(graph):
     assert upward_imports(graph) == []
+
+
+def test_no_product_code_loads_code_by_file_path():
+    assert hidden_imports(ROOT) == {}

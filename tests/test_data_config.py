@@ -1,6 +1,5 @@
 """Data set YAML: schema, path resolution, clear errors, generation, the embedded shapes data set."""
 
-import importlib.util
 import textwrap
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import pytest
 
 from utils.dataset import data_config
 from utils.dataset.data_config import check_dataset
+from utils.dataset.synthetic import shapes as gen
 from utils.errors import UserError
 from utils.extra_hyps import EXTRA_HYP
 from utils.files import yaml_load
@@ -142,17 +142,14 @@ def test_download_key_is_never_executed(tmp_path):
 
 
 def test_generate_key_runs_the_project_generator_once(tmp_path, monkeypatch):
-    script = tmp_path / "gen.py"
-    calls = tmp_path / "calls.txt"
-    script.write_text(textwrap.dedent(f"""
-        from pathlib import Path
-        def make_shapes(root):
-            with open({str(calls)!r}, "a") as f:
-                f.write("x")
-            for split in ("train", "val"):
-                Path(root, "images", split).mkdir(parents=True)
-    """))
-    monkeypatch.setitem(data_config.GENERATORS, "shapes", script)
+    calls = []
+
+    def make_shapes(root):
+        calls.append(root)
+        for split in ("train", "val"):
+            Path(root, "images", split).mkdir(parents=True)
+
+    monkeypatch.setitem(data_config.GENERATORS, "shapes", make_shapes)
     yaml_file = write_yaml(tmp_path / "cfg" / "gen.yaml", """
         path: ../generated
         train: images/train
@@ -163,7 +160,7 @@ def test_generate_key_runs_the_project_generator_once(tmp_path, monkeypatch):
     data = check_dataset(yaml_file)
     assert Path(data["train"]).is_dir() and data["path"] == str((tmp_path / "generated").resolve())
     check_dataset(yaml_file)  # already there: not generated again
-    assert calls.read_text() == "x"
+    assert calls == [(tmp_path / "generated").resolve()]
 
 
 def test_generation_refuses_a_non_empty_partial_folder(tmp_path):
@@ -186,19 +183,11 @@ def test_embedded_yaml_declares_generation_into_the_ignored_datasets_folder():
 
 # ---------------------------------------------------------------- the generator itself
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("make_shapes", ROOT / "data" / "scripts" / "make_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def read_labels(root):
     return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*.txt"))}
 
 
 def test_make_shapes_is_deterministic_and_valid(tmp_path):
-    gen = load_generator()
     a = gen.make_shapes(tmp_path / "a", n_train=8, n_val=3, seed=4)
     b = gen.make_shapes(tmp_path / "b", n_train=8, n_val=3, seed=4)
     c = gen.make_shapes(tmp_path / "c", n_train=8, n_val=3, seed=5)
@@ -217,7 +206,6 @@ def test_make_shapes_is_deterministic_and_valid(tmp_path):
 def test_make_shapes_objects_have_their_class_colour(tmp_path):
     import cv2
 
-    gen = load_generator()
     root = gen.make_shapes(tmp_path / "s", n_train=6, n_val=1, seed=0)
     hues = {c: [] for c in range(4)}
     for lb in (root / "labels" / "train").glob("*.txt"):

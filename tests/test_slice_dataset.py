@@ -8,6 +8,7 @@ import pytest
 
 from utils.dataset.data_config import check_dataset
 from utils.dataloaders import LoadImagesAndLabels
+from utils.dataset.synthetic import shapes
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,6 @@ def _load(name, path):
 
 
 slicer = _load("slice_dataset", ROOT / "data" / "scripts" / "slice_dataset.py")
-shapes = _load("make_shapes_for_slicing", ROOT / "data" / "scripts" / "make_shapes.py")
 
 
 @pytest.fixture(scope="module")

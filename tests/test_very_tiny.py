@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
 from benchmarks import very_tiny  # noqa: E402
-from make_very_tiny import NAMES, main as generator_main, make_very_tiny  # noqa: E402
+from make_very_tiny import main as generator_main  # noqa: E402
+from utils.dataset.synthetic.very_tiny import NAMES, make_very_tiny  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 
 

@@ -7,18 +7,17 @@ folder first, then the working directory. ``generate: shapes`` builds this proje
 set when it is missing; a ``download:`` key is never executed.
 """
 
-import importlib.util
 import numbers
 from pathlib import Path
 
+from utils.dataset.synthetic.shapes import make_shapes
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.logging import LOGGER
 
-ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ("train", "val", "test")
-# generators this project ships, by the name a YAML's ``generate:`` key uses
-GENERATORS = {"shapes": ROOT / "data" / "scripts" / "make_shapes.py"}
+# generators this project ships, by the name a YAML's ``generate:`` key uses; each is called with the root folder
+GENERATORS = {"shapes": make_shapes}
 
 
 def _parse_names(names, yaml_file) -> list:
@@ -106,15 +105,12 @@ def _missing_paths(data: dict) -> list:
 
 def _run_generator(name, root: Path, data: dict, yaml_file: Path) -> None:
     """Build a data set with one of this project's own generators (never an arbitrary command)."""
-    script = GENERATORS.get(str(name))
-    if script is None:
+    generate = GENERATORS.get(str(name))
+    if generate is None:
         raise UserError(f"{yaml_file}: 'generate: {name}' is not a known generator; use one of {sorted(GENERATORS)}")
-    spec = importlib.util.spec_from_file_location(f"_generator_{name}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    LOGGER.info(f"Data set {root} not found, generating it with {script.name} (offline, once) ...")
+    LOGGER.info(f"Data set {root} not found, generating it with the '{name}' generator (offline, once) ...")
     try:
-        module.make_shapes(root)
+        generate(root)
     except FileExistsError as e:
         if _missing_paths(data):  # not just another process that generated it first
             raise UserError(f"{yaml_file}: cannot generate the data set: {e}") from None
