@@ -203,6 +203,20 @@ def test_val_metrics_are_the_same_on_an_idle_and_a_loaded_machine(trained, shape
     assert np.array_equal(loaded.maps, idle.maps)
 
 
+def test_val_study_writes_one_row_of_metrics_and_times_per_size(trained, shapes_data, tmp_path, monkeypatch):
+    _, weights = trained
+    monkeypatch.setattr(val, "STUDY_SIZES", (64, 96))
+    val.main(val.parse_opt(["--task", "study", "--data", str(shapes_data), "--weights", str(weights), "--device",
+                            "cpu", "--workers", "0", "--batch-size", "8", "--max-det", "30", "--project",
+                            str(tmp_path)]))
+    rows = np.loadtxt(tmp_path / f"study_{shapes_data.stem}_tiny.txt", ndmin=2)
+    direct = val.run(shapes_data, weights=str(weights), batch_size=8, imgsz=96, device="cpu", workers=0,
+                     max_det=30, plots=False, project=tmp_path, name="direct")
+    assert rows.shape == (2, 1 + 7 + 3) and rows[:, 0].tolist() == [64, 96]  # size, 7 metrics, 3 times
+    assert np.allclose(rows[1, 1:8], direct.metrics, rtol=1e-3, atol=1e-4)  # %10.4g in the file
+    assert (tmp_path / "study.png").is_file()
+
+
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
     from utils.dataset.data_config import check_dataset
     from utils.dataloaders import create_dataloader
