@@ -235,9 +235,9 @@ def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
 # ---------------------------------------------------------------------------------------- train
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
-    """One training run's settings and collaborators, built once by :func:`train` and read by the loop."""
+    """One training run's settings and collaborators, built once (complete) by :func:`train`, read by the loop."""
 
     opt: argparse.Namespace
     device: torch.device
@@ -250,10 +250,10 @@ class RunContext:
     batch_size: int  # total over all ranks (YOLOv5's --batch-size)
     per_rank_batch: int
     plots: bool
-    train_loader: Any = None
-    val_loader: Any = None
-    results_log: ResultsLog | None = None
-    saver: CheckpointSaver | None = None
+    train_loader: Any
+    val_loader: Any  # None on the other DDP ranks: only the main process validates
+    results_log: ResultsLog
+    saver: CheckpointSaver
 
     @property
     def weights_dir(self) -> Path:
@@ -282,12 +282,15 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     audit, audit_path = start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
-    ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
-                     names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch_size(opt, dist),
-                     plots=not opt.evolve and not opt.noplots, results_log=ResultsLog(save_dir / "results.csv"))
+    per_rank_batch = per_rank_batch_size(opt, dist)
     if dist.is_main:  # only now: bad options, data or model YAMLs leave no run folder behind
         create_run_folder(save_dir, opt, hyp)
-    ctx.train_loader, dataset, ctx.val_loader = build_loaders(ctx, hyp, grid_size)
+    train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid_size)
+    ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
+                     names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
+                     plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
+                     results_log=ResultsLog(save_dir / "results.csv"),
+                     saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt))
     if resume_ckpt is None:
         prepare_new_run(dataset, model, hyp, ctx)
         hyp = resolve_nwd_constant(hyp, dataset.labels, dataset.shapes, imgsz, dist.is_main and save_dir / "hyp.yaml",
@@ -298,7 +301,6 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
         loop.restore(resume_ckpt)
         ctx.results_log.truncate(loop.start_epoch)
         LOGGER.info(f"Resuming {opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
-    ctx.saver = CheckpointSaver.for_run(save_dir, opt, (loop.start_epoch, loop.start_batch))
     loop.wrap_ddp()
     if dist.is_main:
         write_json(save_dir / "determinism.json", determinism_report(
@@ -324,18 +326,18 @@ def report_run_end(ctx: RunContext, loop, results, last_epoch):
     return results
 
 
-def build_loaders(ctx: RunContext, hyp: dict, grid_size: int):
+def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid_size: int):
     """Training loader (sharded under DDP) and, on the main process, the validation loader."""
-    opt, nc = ctx.opt, ctx.data_dict["nc"]
+    nc = data_dict["nc"]
     train_loader, dataset = create_dataloader(
-        ctx.data_dict["train"], ctx.imgsz, ctx.per_rank_batch, grid_size, single_cls=opt.single_cls, hyp=hyp,
-        augment=True, cache=opt.cache, rect=opt.rect, rank=ctx.dist.rank, workers=opt.workers,
+        data_dict["train"], imgsz, per_rank_batch, grid_size, single_cls=opt.single_cls, hyp=hyp,
+        augment=True, cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
         image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
         nc=nc, train_tiles=opt.train_tiles)
     val_loader = None
-    if ctx.dist.is_main:
+    if dist.is_main:
         val_loader = create_dataloader(
-            ctx.data_dict["val"], ctx.imgsz, ctx.per_rank_batch * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
+            data_dict["val"], imgsz, per_rank_batch * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
             prefix=colorstr("val: "), seed=opt.seed, nc=nc)[0]
     return train_loader, dataset, val_loader
@@ -371,7 +373,6 @@ class TrainLoop:
         self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
         self.stopper = EarlyStopping(patience=self.opt.patience)
         self.hyp = scale_loss_gains(hyp, model.model[-1].nl, ctx.nc, ctx.imgsz)
-        model.hyp = self.hyp
         self.grid_size = max(int(model.stride.max()), 32)
         self.progress_every = 10 if self.device.type == "cuda" else 1  # the text reads losses: waits for the GPU
         self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step = 0, 0, 0.0, -1
@@ -412,7 +413,7 @@ class TrainLoop:
 
     def run(self):
         """All epochs; returns (last validation results, last epoch index)."""
-        self.compute_loss = ComputeLoss(de_parallel(self.model))
+        self.compute_loss = ComputeLoss(de_parallel(self.model), self.hyp)
         nb = len(self.ctx.train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
@@ -513,7 +514,7 @@ class TrainLoop:
     def end_epoch(self, epoch: int, lr: list, cuda_rng):
         """Validate, log results.csv, early-stop check, save checkpoints (main process only)."""
         ctx, opt = self.ctx, self.opt
-        self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "hyp", "names", "stride"])
+        self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "names", "stride"])
         final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
         results, bands = (0, 0, 0, 0, 0, 0, 0), None
         if not opt.noval or final_epoch:

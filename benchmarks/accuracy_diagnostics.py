@@ -91,8 +91,7 @@ def diagnose(name: str, cfg: Path, data: dict, imgsz: int, steps: int, batch: in
     loader, dataset = create_dataloader(data["train"], imgsz, batch, int(model.stride.max()), hyp=hyp,
                                         augment=False, shuffle=True, seed=seed, workers=0, nc=int(data["nc"]))
     check_anchors(dataset, model, thr=hyp["anchor_t"], imgsz=imgsz, seed=seed)
-    model.hyp = scale_loss_gains(hyp, model.model[-1].nl, int(data["nc"]), imgsz)
-    compute_loss = ComputeLoss(model)
+    compute_loss = ComputeLoss(model, scale_loss_gains(hyp, model.model[-1].nl, int(data["nc"]), imgsz))
     optimizer = torch.optim.SGD(model.parameters(), lr=hyp["lr0"], momentum=0.9, nesterov=True)
     model.train()
     print(f"\n== {name}: {sum(p.numel() for p in model.parameters()):,} parameters")

@@ -47,8 +47,7 @@ def run(cfg, images, targets, steps, compile_model):
     """(seconds per step list, sha256 of the final weights) for one fresh model from seed 0."""
     torch.manual_seed(0)
     model = Model(cfg, nc=4).to(memory_format=torch.channels_last).train()
-    model.hyp = HYP
-    loss_fn = ComputeLoss(model)
+    loss_fn = ComputeLoss(model, HYP)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.937, nesterov=True)
     forward = torch.compile(model) if compile_model else model
     times = []

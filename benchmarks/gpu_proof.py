@@ -219,12 +219,11 @@ def scam_audit_row(cfg: Path, block: str, device_type: str):
 def raw_strict_row(cfg: Path, block: str, device: torch.device, imgsz: int):
     """A plain strict training step (no audit, no policy) raises PyTorch's own error in the backward."""
     model = Model(cfg, nc=4).to(device).train()
-    model.hyp = {**yaml_load(HYP), "label_smoothing": 0.0}
     generator = torch.Generator().manual_seed(0)
     imgs = torch.rand((2, 3, imgsz, imgsz), generator=generator).to(device)
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2], [1, 2, 0.3, 0.6, 0.1, 0.15]], device=device)
     with torch.autocast(device.type, enabled=device.type == "cuda"):
-        loss, _ = ComputeLoss(model)(model(imgs), targets)
+        loss, _ = ComputeLoss(model, {**yaml_load(HYP), "label_smoothing": 0.0})(model(imgs), targets)
     try:
         with temporary_determinism(True):
             loss.backward()

@@ -45,12 +45,13 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
     amp = device.type == "cuda"  # train.py turns AMP on for CUDA once check_amp agrees
     ctx = train.RunContext(opt=opt, device=device, dist=DistInfo(), policy=policy, save_dir=Path(opt.project),
                            data_dict=data, names=list(data["names"]), imgsz=imgsz, batch_size=batch_size,
-                           per_rank_batch=batch_size, plots=False, train_loader=loader)
+                           per_rank_batch=batch_size, plots=False, train_loader=loader, val_loader=None,
+                           results_log=None, saver=None)  # the harness times train_step only
     loop = train.TrainLoop(ctx, model, hyp, amp=amp)
     loop.n_warmup = 0
     if mode != "off":
         start_up_audit(policy, model, imgsz, device, hyp, amp)
-    loop.compute_loss = ComputeLoss(model)
+    loop.compute_loss = ComputeLoss(model, loop.hyp)
     return loop, loader
 
 

@@ -128,7 +128,7 @@ def task_train(side, cfg):
     model.train()
     layout = torch.channels_last if side.name == "ours" else torch.contiguous_format  # as each train.py runs
     model.to(memory_format=layout)
-    compute_loss = side.ComputeLoss(model)
+    compute_loss = side.ComputeLoss(model, dict(HYP)) if side.name == "ours" else side.ComputeLoss(model)
     optimizer = side.smart_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
     ema = side.ModelEMA(model)
     loader = side.loader(cfg["train"], cfg["imgsz"], cfg["batch"], cfg["workers"], augment=True)

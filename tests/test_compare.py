@@ -11,12 +11,12 @@ from utils.determinism.reproducibility import data_fingerprint
 ROWS = "epoch,train/box_loss,metrics/mAP_0.5\n0,0.1,0.2\n1,0.09,0.3\n"
 
 
-def _run(folder, opt=None, threads=2, fingerprint="f" * 64, rows=ROWS, checksum="c" * 64):
+def _run(folder, opt=None, threads=2, fingerprint="f" * 64, rows=ROWS, checksum="c" * 64, report_extra=None):
     folder.mkdir(parents=True)
     yaml_save(folder / "opt.yaml", {"epochs": 2, "imgsz": 64, "name": folder.name, **(opt or {})})
     yaml_save(folder / "hyp.yaml", {"lr0": 0.01})
     report = {"mode": "scoped", "threads": threads, "world_size": 1, "versions": {"torch": "2.x"},
-              "data_fingerprint": fingerprint, "final_ema_sha256": checksum}
+              "data_fingerprint": fingerprint, "final_ema_sha256": checksum, **(report_extra or {})}
     (folder / "determinism.json").write_text(json.dumps(report))
     (folder / "results.csv").write_text(rows)
     return folder
@@ -44,6 +44,18 @@ def test_a_different_thread_count_is_an_environment_difference(tmp_path):
     lines, identical = compare_runs(_run(tmp_path / "a"), _run(tmp_path / "b", threads=1))
     assert not identical and "options: same" in lines
     assert lines[lines.index("environment: DIFFER") + 1] == "  threads: 2 -> 1"
+
+
+def test_a_report_repeating_the_audit_in_policy_state_compares_by_the_top_level_copy(tmp_path):
+    audit, state = {"clean": True, "findings": []}, {"mode": "scoped", "warn_only": False}
+    repeated = {**state, "audit": audit, "nondeterministic_ops": {}}
+    older = _run(tmp_path / "older",
+                 report_extra={"audit": audit, "nondeterministic_ops": {}, "policy_state": repeated})
+    newer = _run(tmp_path / "newer", report_extra={"audit": audit, "nondeterministic_ops": {}, "policy_state": state})
+    assert compare_runs(older, newer)[1]
+    flagged = _run(tmp_path / "flagged", report_extra={"audit": {**audit, "clean": False}, "policy_state": state})
+    lines, identical = compare_runs(newer, flagged)
+    assert not identical and "  audit.clean: True -> False" in lines
 
 
 def test_one_changed_label_file_changes_the_fingerprint_and_compare_names_the_data(tmp_path):

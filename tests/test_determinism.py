@@ -5,6 +5,7 @@ device, so a module whose backward calls it reproduces on a CPU what
 ``adaptive_max_pool2d_backward_cuda`` does on a GPU server.
 """
 
+import json
 import os
 import random
 import re
@@ -412,7 +413,7 @@ def test_crowded_targets_fill_every_level_past_the_parallel_grain():
     assert ((ratio >= 0.8 - 1e-6) & (ratio <= 1.25 + 1e-6)).all()
 
 
-def test_detection_loss_needs_hyperparameters():
+def test_detection_loss_needs_hyperparameters():  # the loss's gains are passed in, never read off the model
     from models.yolo import Model
 
     model = Model(ROOT / "tests" / "models" / "tiny.yaml")
@@ -473,7 +474,7 @@ def test_strict_adoption_ignores_ops_that_fail_only_on_other_devices():
     policy = configure_determinism("strict")
     summary = policy.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=[POOL_FINDING]))
     assert "cuda" in summary and "model.24 (SCAM)" in summary
-    assert policy.state()["audit"]["findings"][0]["op"] == "adaptive_max_pool2d_backward"
+    assert policy.audit["findings"][0]["op"] == "adaptive_max_pool2d_backward"
 
 
 def test_strict_adoption_stops_on_what_torch_flagged():
@@ -517,7 +518,6 @@ def test_guarantee_names_the_relaxed_or_warned_ops_with_counts():
     scoped.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings[:2]))  # a forward one stops scoped
     assert scoped.nondeterministic_ops == {"put_": 2}
     assert run_guarantee(scoped) == "may differ in the last bits because the backward ran relaxed for: put_ x2"
-    assert scoped.state()["nondeterministic_ops"] == {"put_": 2}
     warn = configure_determinism("warn")
     warn.adopt_audit(AuditReport(device="cpu", imgsz=64, findings=findings))
     assert warn.nondeterministic_ops == {"max_unpool2d": 1, "put_": 2}
@@ -526,6 +526,24 @@ def test_guarantee_names_the_relaxed_or_warned_ops_with_counts():
     clean.adopt_audit(AuditReport(device="cpu", imgsz=64))
     assert clean.nondeterministic_ops == {} and run_guarantee(clean).startswith("bit-identical on this stack")
     assert run_guarantee(configure_determinism("off")).startswith("may differ")
+
+
+def test_determinism_report_holds_the_audit_and_relaxed_ops_once():
+    from types import SimpleNamespace
+
+    from utils.ddp import DistInfo
+    from utils.determinism.reproducibility import determinism_report
+
+    policy = configure_determinism("scoped")
+    audit = AuditReport(device="cpu", imgsz=64, findings=[PUT_FINDING])
+    policy.adopt_audit(audit)
+    report = determinism_report(policy=policy, audit=audit.to_dict(), opt=SimpleNamespace(seed=0, workers=0),
+                                dist=DistInfo(), dataset=SimpleNamespace(im_files=[], label_files=[]),
+                                device=torch.device("cpu"))
+    assert report["audit"]["findings"][0]["op"] == "put_" and report["nondeterministic_ops"] == {"put_": 1}
+    assert report["policy_state"]["mode"] == "scoped" and report["policy_state"]["relax_backward"] is True
+    text = json.dumps(report, default=str)
+    assert text.count('"findings"') == 1 and text.count('"nondeterministic_ops"') == 1
 
 # ----------------------------------------------------------------------------- AutoBatch under the policy
 

@@ -23,9 +23,7 @@ HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "ancho
 @pytest.fixture(scope="module")
 def base_model():
     torch.manual_seed(0)
-    model = Model(copy.deepcopy(TINY_CFG))
-    model.hyp = dict(HYP)
-    return model
+    return Model(copy.deepcopy(TINY_CFG))
 
 
 @pytest.fixture
@@ -48,7 +46,7 @@ def _images():
 
 
 def test_loss_is_finite_with_documented_parts(model):
-    loss, items = ComputeLoss(model)(model(_images()), _targets())
+    loss, items = ComputeLoss(model, HYP)(model(_images()), _targets())
     assert loss.shape == (1,) and torch.isfinite(loss).all()
     assert items.shape == (3,) and not items.requires_grad
     assert (items > 0).all(), "box, obj and cls parts must all contribute"
@@ -59,34 +57,31 @@ def test_loss_is_finite_with_documented_parts(model):
 
 
 def test_no_targets_gives_objectness_only(model):
-    loss, items = ComputeLoss(model)(model(_images()), torch.zeros((0, 6)))
+    loss, items = ComputeLoss(model, HYP)(model(_images()), torch.zeros((0, 6)))
     assert items[0] == 0 and items[2] == 0 and items[1] > 0
 
 
 def test_gains_scale_each_part(model):
     preds = model(_images())
-    base = ComputeLoss(model)(preds, _targets())[1]
-    model.hyp = dict(HYP, box=0.1, cls=1.5)
-    scaled = ComputeLoss(model)(preds, _targets())[1]
+    base = ComputeLoss(model, HYP)(preds, _targets())[1]
+    scaled = ComputeLoss(model, dict(HYP, box=0.1, cls=1.5))(preds, _targets())[1]
     assert torch.allclose(scaled, base * torch.tensor([2.0, 1.0, 3.0]), rtol=1e-5)
 
 
 def test_focal_loss_and_label_smoothing_change_parts(model):
     preds = model(_images())
-    plain = ComputeLoss(model)(preds, _targets())[1]
-    model.hyp = dict(HYP, fl_gamma=1.5)
-    focal = ComputeLoss(model)(preds, _targets())[1]
+    plain = ComputeLoss(model, HYP)(preds, _targets())[1]
+    focal = ComputeLoss(model, dict(HYP, fl_gamma=1.5))(preds, _targets())[1]
     assert focal[0] == pytest.approx(plain[0].item(), rel=1e-5)
     assert focal[1] < plain[1] and focal[2] < plain[2]
-    model.hyp = dict(HYP, label_smoothing=0.2)
-    smoothed = ComputeLoss(model)(preds, _targets())[1]
+    smoothed = ComputeLoss(model, dict(HYP, label_smoothing=0.2))(preds, _targets())[1]
     assert smoothed[2] != plain[2] and smoothed[1] == plain[1]
     assert smooth_BCE(0.2) == (0.9, 0.1)
     assert isinstance(FocalLoss(torch.nn.BCEWithLogitsLoss()).loss_fcn, torch.nn.BCEWithLogitsLoss)
 
 
 def test_build_targets_centre_cell_neighbours_and_anchor_ratio(model):
-    compute = ComputeLoss(model)
+    compute = ComputeLoss(model, HYP)
     preds = model(_images())
     # x = y = 0.3 of 64 px -> (2.4, 2.4) cells at stride 8: lower fractions pick the left and top neighbours
     target = torch.tensor([[0, 1, 0.3, 0.3, 10 / 64, 13 / 64]])  # exactly level 0's first anchor
@@ -100,8 +95,7 @@ def test_build_targets_centre_cell_neighbours_and_anchor_ratio(model):
     assert offsets.min() >= -0.5 and offsets.max() <= 1.5
     assert torch.allclose(tbox[0][:, 2:], torch.tensor([10 / 8, 13 / 8]).expand(9, 2))
     # anchor_t=2 drops the two other level-0 anchors; every level-1 anchor is > 2x the box at stride 16
-    model.hyp = dict(HYP, anchor_t=2.0)
-    strict = ComputeLoss(model).build_targets(preds, target)[2]
+    strict = ComputeLoss(model, dict(HYP, anchor_t=2.0)).build_targets(preds, target)[2]
     assert sorted(set(strict[0][1].tolist())) == [0], "anchor_t=2 keeps only the matching anchor"
     assert len(strict[1][0]) == 0
 
@@ -110,7 +104,7 @@ def test_objectness_target_independent_of_target_order(model):
     preds = model(_images())
     # two boxes sharing cells and anchors: a repeated slot keeps the larger IoU either way round
     targets = torch.tensor([[0, 0, 0.30, 0.30, 0.20, 0.25], [0, 1, 0.31, 0.29, 0.18, 0.3]])
-    compute = ComputeLoss(model)
+    compute = ComputeLoss(model, HYP)
     forward = compute(preds, targets)[1]
     backward = compute(preds, targets.flip(0))[1]
     assert torch.allclose(forward, backward, rtol=1e-6, atol=1e-8)
@@ -118,7 +112,7 @@ def test_objectness_target_independent_of_target_order(model):
 
 def test_loss_falls_when_overfitting_one_batch(model):
     torch.manual_seed(0)
-    compute = ComputeLoss(model)
+    compute = ComputeLoss(model, HYP)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     images, targets = _images(), _targets()
     losses = []
@@ -132,12 +126,17 @@ def test_loss_falls_when_overfitting_one_batch(model):
 
 
 def test_missing_hyperparameters_are_a_user_error(model):
-    model.hyp = {k: v for k, v in HYP.items() if k != "anchor_t"}
     with pytest.raises(UserError, match="anchor_t"):
-        ComputeLoss(model)
-    del model.hyp
-    with pytest.raises(UserError, match="hyp"):
-        ComputeLoss(model)
+        ComputeLoss(model, {k: v for k, v in HYP.items() if k != "anchor_t"})
+    with pytest.raises(UserError, match="hyperparameters"):
+        ComputeLoss(model, None)
+
+
+def test_loss_reads_its_hyperparameters_from_the_argument_not_the_model(model):
+    preds = model(_images())
+    expected = ComputeLoss(model, HYP)(preds, _targets())[1]
+    model.hyp = dict(HYP, box=100.0)  # an attribute that older code set on the model is ignored
+    assert torch.equal(ComputeLoss(model, HYP)(preds, _targets())[1], expected)
 
 
 def test_objectness_balance_keeps_yolov5_weights_at_strides_8_16_32():
@@ -157,8 +156,6 @@ def test_loss_weights_a_stride_4_level_by_its_stride_not_its_position():
     cfg = copy.deepcopy(TINY_CFG)
     cfg["head"] = [[[2, 4], 1, "Detect", ["nc", "anchors"]]]
     model = Model(cfg)
-    model.hyp = dict(HYP)
     assert model.stride.tolist() == [4.0, 8.0]
-    assert ComputeLoss(model).balance == [4.0, 1.0]  # a hyp without the key keeps YOLOv5's list
-    model.hyp["obj_balance_by_stride"] = 1
-    assert ComputeLoss(model).balance == [16.0, 4.0]
+    assert ComputeLoss(model, HYP).balance == [4.0, 1.0]  # a hyp without the key keeps YOLOv5's list
+    assert ComputeLoss(model, dict(HYP, obj_balance_by_stride=1)).balance == [16.0, 4.0]

@@ -64,8 +64,7 @@ def test_gradient_is_finite_even_for_identical_boxes_and_half_precision():
 def _compute(base_model, **hyp):
     model = copy.deepcopy(base_model)
     model.train()
-    model.hyp = {**HYP, **hyp}
-    return model, ComputeLoss(model)
+    return model, ComputeLoss(model, {**HYP, **hyp})
 
 
 def _reference_box_losses(compute, preds, targets):

@@ -223,12 +223,11 @@ def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
     from utils.loss import ComputeLoss
 
     model = copy.deepcopy(trained[0])
-    model.hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0,
-                 "fl_gamma": 0.0}
+    hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
     data = check_dataset(shapes_data)
     loader = create_dataloader(data["val"], 64, 8, 16, pad=0.5, rect=True, workers=0)[0]
     result = val.run(data, batch_size=8, imgsz=64, model=model, dataloader=loader, save_dir=tmp_path,
-                     plots=False, compute_loss=ComputeLoss(model), half=True)
+                     plots=False, compute_loss=ComputeLoss(model, hyp), half=True)
     results = result.metrics
     assert len(results) == 7 and all(np.isfinite(results)) and result.bands is None
     assert results[4] > 0 and results[5] > 0, "validation losses should be reported"

@@ -90,15 +90,14 @@ class ComputeLoss:
 
     ``preds``: training-mode output, ``nl`` tensors (bs, na, ny, nx, 5 + nc) of logits.
     ``targets``: (n, 6) [image_index, cls, x, y, w, h], xywh normalised to the input image.
-    Gains come from ``model.hyp`` as given; the caller scales them for level count, classes and size.
+    ``hyp``: the hyperparameters (gains as given: the caller scales them for level count, classes and size).
     """
 
-    def __init__(self, model, autobalance=False):
+    def __init__(self, model, hyp: dict, autobalance=False):
         core, detect = _detect_head(model)
-        hyp = getattr(core, "hyp", None)
         if not isinstance(hyp, dict):
-            raise UserError("ComputeLoss: model.hyp is not set; load a hyperparameter YAML such as "
-                            "data/hyps/hyp.scratch-low.yaml before building the loss")
+            raise UserError("ComputeLoss: no hyperparameters given; pass those of a hyperparameter YAML such as "
+                            "data/hyps/hyp.scratch-low.yaml")
         missing = [k for k in REQUIRED_HYP if k not in hyp]
         if missing:
             raise UserError(f"hyperparameters are missing {missing}; add them to the --hyp YAML "
@@ -111,7 +110,7 @@ class ComputeLoss:
             self.bce_cls = FocalLoss(self.bce_cls, hyp["fl_gamma"])
             self.bce_obj = FocalLoss(self.bce_obj, hyp["fl_gamma"])
         self.cp, self.cn = smooth_BCE(hyp.get("label_smoothing", 0.0))
-        extra = with_extra_hyp(hyp, "model.hyp")
+        extra = with_extra_hyp(hyp, "ComputeLoss hyperparameters")
         self.balance = objectness_balance(detect.stride.tolist(), bool(extra["obj_balance_by_stride"]))
         self.ssi = detect.stride.tolist().index(16) if autobalance and 16 in detect.stride.tolist() else 0
         self.autobalance = autobalance

@@ -553,11 +553,13 @@ class DeterminismPolicy:
         return summary
 
     def state(self) -> dict:
-        """Plain data for the run's determinism report: the mode, the seed and every global flag."""
+        """Plain data for the run's determinism report: the mode, the seed and every global flag.
+
+        The audit and the relaxed ops are not repeated here: the report holds them once, at its top level.
+        """
         return {"mode": self.mode, "seed": self.seed, "rank": self.rank,
                 "relax_backward": self.relax_backward, **determinism_state(),
-                "audit_summary": self.audit_summary, "audit": self.audit,
-                "nondeterministic_ops": self.nondeterministic_ops}
+                "audit_summary": self.audit_summary}
 
 
 def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> DeterminismPolicy:

@@ -19,6 +19,8 @@ from utils.files import yaml_load
 RUN_NAMING_OPTIONS = {"name", "project", "save_dir", "exist_ok", "resume"}
 ENVIRONMENT_FIELDS = ("versions", "devices", "threads", "world_size", "workers", "mode", "audit",
                       "relaxed_backward", "policy_state", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "seed")
+# Older determinism.json files repeat these inside policy_state; their top-level copies are what is compared.
+REPEATED_IN_POLICY_STATE = ("audit", "nondeterministic_ops")
 
 
 def _read_run(run_dir: Path) -> dict:
@@ -31,6 +33,8 @@ def _read_run(run_dir: Path) -> dict:
         report = json.loads(report_path.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{report_path}: not valid JSON ({e})") from None
+    if isinstance(report.get("policy_state"), dict):
+        report["policy_state"] = {k: v for k, v in report["policy_state"].items() if k not in REPEATED_IN_POLICY_STATE}
     results = run_dir / "results.csv"
     rows = []
     if results.is_file():

@@ -452,17 +452,17 @@ def crowded_targets(detect: nn.Module, batch_size: int, imgsz: int, generator: t
     return torch.cat((image[:, None], cls[:, None], xy, wh), 1)
 
 
-def detection_loss(hyp: dict | None = None) -> LossFactory:
+def detection_loss(hyp: dict | None) -> LossFactory:
     """Loss factory for a YOLO detection model: ``utils.loss.ComputeLoss`` on :func:`crowded_targets`.
 
-    The loss gains come from ``model.hyp`` when it is set, else from ``hyp`` (e.g. the values of
-    data/hyps/hyp.scratch-low.yaml); the model's Detect head is ``model.model[-1]``.
+    ``hyp``: the loss's hyperparameters (e.g. the values of data/hyps/hyp.scratch-low.yaml; None is
+    a UserError when the audit builds the loss); the model's Detect head is ``model.model[-1]``.
     """
+    # a run sets NWD's constant from its data only after this audit; the ops do not depend on its value
+    loss_hyp = None if hyp is None else {**hyp, "nwd_c": hyp.get("nwd_c") or AUDIT_NWD_C}
+
     def factory(model: nn.Module, images: torch.Tensor) -> Callable:
-        if not isinstance(getattr(model, "hyp", None), dict) and hyp is not None:
-            # a run sets NWD's constant from its data only after this audit; the ops do not depend on its value
-            model.hyp = {**hyp, "nwd_c": hyp.get("nwd_c") or AUDIT_NWD_C}
-        compute_loss = ComputeLoss(model)
+        compute_loss = ComputeLoss(model, loss_hyp)
         generator = torch.Generator().manual_seed(0)
         targets = crowded_targets(model.model[-1], images.shape[0], images.shape[-1], generator)
         targets = targets.to(images.device)

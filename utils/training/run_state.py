@@ -182,13 +182,13 @@ class CheckpointSaver:
         self._orphans_checked = False
 
     @classmethod
-    def for_run(cls, save_dir, opt, start_position) -> "CheckpointSaver":
-        """The saver of a run folder; on --resume of its own last.pt, that file counts as good."""
+    def for_run(cls, save_dir, opt, resume_ckpt=None) -> "CheckpointSaver":
+        """The saver of a run folder; on --resume of its own last.pt (``resume_ckpt``), that file counts as good."""
         weights = Path(save_dir) / "weights"
         last = weights / "last.pt"
-        resumed = bool(opt.resume) and Path(str(opt.resume)).resolve() == last.resolve()
+        resumed = resume_ckpt is not None and Path(str(opt.resume)).resolve() == last.resolve()
         return cls(last, weights / "best.pt", weights, opt.save_period, opt.save_interval,
-                   last_position=tuple(start_position) if resumed else None)
+                   last_position=tuple(resume_ckpt["next_position"]) if resumed else None)
 
     def interval_due(self) -> bool:
         """True when ``--save-interval`` minutes have passed since the last write."""
