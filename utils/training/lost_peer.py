@@ -45,6 +45,6 @@ def exit_on_lost_peer(info: DistInfo):
         line = lost_peer_line(e, info)
         if line is None:
             raise
-        LOGGER.error(f"ERROR: {line}")
+        LOGGER.error(line)  # the logger writes "ERROR: " before it
         flush_output()
         os._exit(1)
