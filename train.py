@@ -37,14 +37,15 @@ from utils.training.checkpoints import float_weights, inference_weights, load_ch
 from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataset.tiles import box_scale, resolve_tile_size  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.ddp import (DistInfo, any_rank_flags, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
+from utils.ddp import (DistInfo, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group,
-                       per_rank_batch_size)
+                       max_over_ranks, per_rank_batch_size)
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
 from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
 from utils.training.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
+from utils.training.lost_peer import exit_on_lost_peer  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss, scale_loss_gains  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
@@ -315,7 +316,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
 def report_run_end(ctx: RunContext, loop, results, last_epoch):
     """After the loop: exit on an interrupt, else finish the run on the main process; returns results."""
     if loop.interrupted:
-        exit_after_interrupt(loop.interrupt_code, ctx.saver.describe(), ctx.saver.resume_command(), ctx.dist.is_main)
+        exit_after_interrupt(loop.interrupt_code, ctx.saver.describe(), ctx.saver.resume_command(ctx.dist.world_size),
+                             ctx.dist.is_main)
     if ctx.dist.is_main:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
         final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
@@ -378,6 +380,7 @@ class TrainLoop:
         self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step = 0, 0, 0.0, -1
         self.mloss = torch.zeros(3, device=self.device)
         self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
+        self.stop_signal = 0  # the signal any rank received, shared by all ranks at each batch
         self.compute_loss, self.n_warmup = None, 0
         self.sigkill_after = sigkill_after_batch()
 
@@ -432,7 +435,8 @@ class TrainLoop:
                 stop = bool(broadcast_object(stop, self.dist))
                 if self.interrupted or stop:
                     break
-            self.interrupt_code = interrupt.exit_code
+            # a rank stopped by another rank's signal exits as that rank does (128 + the signal), not with 1
+            self.interrupt_code = 128 + self.stop_signal if self.stop_signal else interrupt.exit_code
         if self.interrupted and finished and epoch + 1 == self.opt.epochs:
             self.interrupted = False  # the signal came during the last batch: the run is complete
         self.elapsed_hours = (time.time() - t0) / 3600
@@ -464,7 +468,11 @@ class TrainLoop:
             if main:
                 self.show_progress(pbar, epoch, imgs, targets, paths, i, nb)
             interval_save = main and ctx.saver.interval_due() and not self.opt.nosave
-            self.interrupted, save_now = any_rank_flags([interrupt.requested, interval_save], self.dist)
+            self.stop_signal, save_now = max_over_ranks([interrupt.requested, interval_save], self.dist)
+            self.interrupted = bool(self.stop_signal)
+            if self.interrupted and not interrupt.requested and main:
+                LOGGER.warning(f"{signal.Signals(self.stop_signal).name} received by another rank: "
+                               "stopping after this step on every rank")
             if i + 1 < nb and (self.interrupted or save_now):
                 cuda_rng = self.gather_cuda_rng()
                 if main:
@@ -569,7 +577,8 @@ def main(opt, argv=None):
             if dist.enabled:
                 raise UserError("--evolve is not supported with DDP; run it on one device")
             return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist))
-        return train(hyp, opt, device, dist, resume_ckpt)
+        with exit_on_lost_peer(dist):
+            return train(hyp, opt, device, dist, resume_ckpt)
     finally:
         destroy_process_group(dist)
 

@@ -5,6 +5,7 @@ import pytest
 from utils import ddp
 from utils.ddp import DistInfo, dist_info_from_env, rank_zero_first
 from utils.errors import UserError
+from utils.training.lost_peer import lost_peer_line
 
 
 def test_dist_info_reads_torchrun_variables(monkeypatch):
@@ -31,3 +32,14 @@ def test_total_batch_must_divide_over_the_ranks():
         ddp.check_ddp_batch(5, 2)
     with pytest.raises(UserError, match="--batch-size -1"):
         ddp.check_ddp_batch(-1, 2)
+
+
+def test_a_lost_peer_is_one_line_naming_the_rank_and_the_timeout():
+    error = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:4311: "
+                         "Connection reset by peer. This is typically caused by a remote worker hanging")
+    line = lost_peer_line(error, DistInfo(rank=0, local_rank=0, world_size=2))
+    assert line.startswith("rank 0 lost rank 1 at [127.0.0.1]:4311 (Connection reset by peer)")
+    assert "FFCA_DDP_TIMEOUT_MIN=" in line and "\n" not in line
+    assert "rank 3 lost another rank" in lost_peer_line(error, DistInfo(rank=3, local_rank=1, world_size=4))
+    assert lost_peer_line(RuntimeError("out of memory"), DistInfo(rank=0, local_rank=0, world_size=2)) is None
+    assert lost_peer_line(error, DistInfo()) is None  # not a DDP run

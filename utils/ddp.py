@@ -107,10 +107,11 @@ def destroy_process_group(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def any_rank_flags(flags: list, info: DistInfo) -> list:
-    """Each flag True if it is set on any rank, so every rank stops or saves at the same batch."""
+def max_over_ranks(values: list, info: DistInfo) -> list:
+    """Each integer's (or flag's) maximum over all ranks, so every rank stops or saves at the same batch
+    and knows which signal stopped it."""
     if not (info.enabled and dist.is_initialized()):
-        return [bool(f) for f in flags]
-    tensor = torch.tensor([int(f) for f in flags], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        return [int(v) for v in values]
+    tensor = torch.tensor([int(v) for v in values], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in tensor.tolist()]
+    return [int(v) for v in tensor.tolist()]

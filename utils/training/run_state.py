@@ -199,9 +199,17 @@ class CheckpointSaver:
         """True when last.pt holds a good, unfinished training state written by this run."""
         return self.last_position is not None and not self.last_finished
 
-    def resume_command(self) -> str | None:
-        """The command that continues this run from last.pt, or None when last.pt cannot be resumed."""
-        return f"python train.py --resume {self.last}" if self.resumable else None
+    def resume_command(self, world_size: int = 1) -> str | None:
+        """The command that continues this run from last.pt, or None when last.pt cannot be resumed.
+
+        A DDP run resumes with as many processes as wrote last.pt, so with its own torchrun launch(es).
+        """
+        if not self.resumable:
+            return None
+        if world_size > 1:
+            return (f"the same torchrun command(s) on every node ({world_size} processes in all), "
+                    f"with train.py's arguments replaced by --resume {self.last}")
+        return f"python train.py --resume {self.last}"
 
     def save_last(self, state: dict, required: bool = True) -> bool:
         """Write last.pt. On failure: warn and go on if an earlier good last.pt exists; otherwise
