@@ -158,8 +158,11 @@ def main(argv=None) -> int:
     record = parser.parse_args(argv).record
     try:
         table = table_from_record(json.loads(record.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{record}: not a GPU proof record ({e})") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{record}: cannot read it as JSON ({e})") from None
+    except (KeyError, TypeError) as e:
+        raise UserError(f"{record}: not a GPU proof record (field {e} missing or malformed); "
+                        "pass the --out file of python -m benchmarks.gpu_proof.proof") from None
     print(json.dumps(table, indent=1))
     return 0
 
