@@ -66,7 +66,7 @@ class PyTorchBackend(InferenceBackend):
     """A checkpoint (or an ensemble of checkpoints) run by PyTorch; ``half()`` works on CUDA.
 
     The model runs channels-last: oneDNN and cuDNN convolutions are faster in that layout (YOLOv5n
-    at 256 px on 2 CPU cores: 1.26x at batch 1, benchmarks/bench_inference.py). The summation order
+    at 256 px on 2 CPU cores: 1.26x at batch 1, benchmarks/speed/bench_inference.py). The summation order
     differs from the plain layout, so outputs move in the last float bits only.
     """
 

@@ -16,7 +16,7 @@ first two, for checkpoints trained with the authors' code; see :class:`_Weighted
 
 Faster forward + backward with the same maths (same parameters and names; equal to the
 module-by-module formula within float rounding, tests/test_models.py; measured with
-benchmarks/bench_modules.py): 1x1 Convs that read the same input (FEM's three branch heads and
+benchmarks/speed/bench_modules.py): 1x1 Convs that read the same input (FEM's three branch heads and
 shortcut, SCAM's key and value, C3_Faster's cv1 and cv2) run as one convolution and one BatchNorm
 while training (:func:`shared_input_convs`); SCAM queries its value map once for both descriptors and adds the
 gated context with ``baddbmm``; FasterBlock adds DropPath's output to the residual with ``addcmul``.

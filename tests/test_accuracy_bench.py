@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
-from benchmarks.accuracy_variants import swap_modules, variant_yaml  # noqa: E402
+from benchmarks.accuracy.variants import swap_modules, variant_yaml  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.dataset.synthetic.glyphs import NAMES as GLYPH_NAMES, make_glyphs  # noqa: E402
 from utils.dataset.synthetic.tiny_shapes import MAX_SIDE, MIN_SIDE, make_tiny_shapes  # noqa: E402
@@ -64,7 +64,7 @@ def _row(model, first, m):
 
 
 def test_target_verdicts_apply_both_conditions():
-    from benchmarks.accuracy import target_verdicts
+    from benchmarks.accuracy.matrix import target_verdicts
 
     meets = [_row("yolov5n", 9, 0.010), _row("yolov5n-p2", 5, 0.02), _row("ffca-yolo-n", 7, 0.010)]
     assert target_verdicts(meets)[0].startswith("glyphs 256 px seed 0: meets")
@@ -79,7 +79,7 @@ def test_target_verdicts_apply_both_conditions():
 
 
 def test_read_curve_finds_first_epoch_above_the_start_threshold(tmp_path):
-    from benchmarks.accuracy import read_curve
+    from benchmarks.accuracy.matrix import read_curve
 
     csv_file = tmp_path / "results.csv"
     csv_file.write_text("epoch,train/box_loss,metrics/mAP_0.5\n0,0.13,0.0\n1,0.12,0.0009\n2,0.11,0.002\n3,0.10,0.0\n")
@@ -94,7 +94,7 @@ def _job(out, epochs=3):
 def test_finished_row_reuses_a_saved_row_and_skips_unfinished_runs(tmp_path):
     import json
 
-    from benchmarks.accuracy import finished_row, run_name
+    from benchmarks.accuracy.matrix import finished_row, run_name
 
     job = _job(tmp_path)
     run_dir = tmp_path / "runs" / run_name(job)
@@ -109,7 +109,7 @@ def test_finished_row_reuses_a_saved_row_and_skips_unfinished_runs(tmp_path):
 
 
 def test_report_only_needs_the_matrix_folder(capsys):
-    from benchmarks.accuracy import parse_opt
+    from benchmarks.accuracy.matrix import parse_opt
 
     with pytest.raises(SystemExit):
         parse_opt(["--report-only"])

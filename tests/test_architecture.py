@@ -1,8 +1,10 @@
 """The dependency rules of docs/architecture.md, checked on the source: no import cycles (function-level
-imports included), no arrow back up (utils/ -> models/ or an entry script, models/ -> an entry script), and
-no code loaded by file path (which hides an import from both checks)."""
+imports included), no arrow back up (utils/ -> models/ or an entry script, models/ -> an entry script),
+no code loaded by file path in product code (which hides an import from both checks); benchmarks/ is a
+package: no sys.path edits in it, and tests reach it by module name, never by file path."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,36 @@ def hidden_imports(root: Path) -> dict:
         hits = file_path_loads(path.read_text(encoding="utf-8"))
         if hits:
             found[name] = hits
+
+
+def sys_path_uses(folder: Path) -> list:
+    """``'file:line'`` of every ``sys.path`` expression in the .py files under ``folder``."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                found.append(f"{path.relative_to(folder)}:{node.lineno}")
+    return found
+
+
+BENCHMARK_FILE = re.compile(r"benchmarks[/\\][\w/\\]*\.py")
+
+
+def benchmark_file_paths(folder: Path) -> list:
+    """``'file:line'`` of every string (docstrings aside) that is a path to a .py file under benchmarks/."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if not BENCHMARK_FILE.search(source):
+            continue
+        tree = ast.parse(source)
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and BENCHMARK_FILE.fullmatch(node.value)):
+                found.append(f"{path.relative_to(folder)}:{node.lineno}")
     return found
 
 
@@ -212,6 +244,15 @@ def test_checker_flags_a_planted_file_path_load_in_product_code_only(tmp_path):
                                         "train": ["line 3: spec_from_file_location"]}
 
 
+def test_benchmark_checks_flag_a_path_edit_and_a_file_path_launch(tmp_path):
+    (tmp_path / "bench.py").write_text('"""benchmarks/x.py: a docstring may name the file."""\nimport sys\n'
+                                       'sys.path.insert(0, "..")\n')
+    (tmp_path / "test_b.py").write_text('import subprocess, sys\nsubprocess.run([sys.executable, "benchmarks/x.py"])\n'
+                                        'subprocess.run([sys.executable, "-m", "benchmarks.x"])\n')
+    assert sys_path_uses(tmp_path) == ["bench.py:3"]
+    assert benchmark_file_paths(tmp_path) == ["test_b.py:2"]
+
+
 # ----------------------------------------------------------------------------- the project
 
 
@@ -235,3 +276,13 @@ def test_no_import_runs_back_up(graph):
 
 def test_no_product_code_loads_code_by_file_path():
     assert hidden_imports(ROOT) == {}
+
+
+def test_benchmarks_are_a_package_without_path_edits():
+    folders = {path.parent for path in (ROOT / "benchmarks").rglob("*.py")}
+    assert [str(f) for f in sorted(folders) if not (f / "__init__.py").is_file()] == []
+    assert sys_path_uses(ROOT / "benchmarks") == []
+
+
+def test_tests_reach_benchmarks_by_module_name():
+    assert benchmark_file_paths(ROOT / "tests") == []

@@ -1,8 +1,8 @@
-"""benchmarks/ffm_switch.py: the switch keeps every tensor, and the report reads the curves right."""
+"""benchmarks/accuracy/ffm_switch.py: the switch keeps every tensor, and the report reads the curves right."""
 
 import torch
 
-from benchmarks.ffm_switch import recovery_epoch, report, switch_to_fixed
+from benchmarks.accuracy.ffm_switch import recovery_epoch, report, switch_to_fixed
 from models.yolo import Model
 from tests.test_ffm_authors_runs import AUTHORS_CFG, ffm_arithmetic
 from utils.training.checkpoints import load_checkpoint, save_checkpoint

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_proof.py: its CPU run passes in full, and its parts report what they see.
+"""benchmarks/gpu_proof/proof.py: its CPU run passes in full, and its parts report what they see.
 
 The slow test runs the whole proof on the CPU (``--device cpu --quick``), which takes the CPU
 branches; tests/test_gpu_proof_replay.py replays the CUDA ones. The fast tests pin the parts: a
@@ -15,19 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.gpu_proof import ops as proof_ops
+from benchmarks.gpu_proof.device import LiveDevice
+from benchmarks.gpu_proof.report import STATUSES, Proof, verdict
 
-import proof_ops  # noqa: E402
-from proof_device import LiveDevice  # noqa: E402
-from proof_report import STATUSES, Proof, verdict  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SECTIONS = {"ops", "control", "scam", "reruns", "timing"}
 CUDA_ONLY = ("AMP on", "CUBLAS_WORKSPACE_CONFIG set in time")
 
 
 def run_proof(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmarks/gpu_proof.py", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_proof.proof", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -116,8 +115,8 @@ def test_audit_predicts_the_documented_cuda_failures_from_a_cpu():
 @pytest.mark.slow
 def test_the_gpu_run_s_scam_model_is_flagged_for_cuda_in_every_scam_layer(tmp_path):
     """What the GPU run checks first, checked here: the published SCAM in ffca-yolo-n, audited on a CPU."""
-    import gpu_proof
-    import proof_modules
+    from benchmarks.gpu_proof import proof as gpu_proof
+    from benchmarks.gpu_proof import modules as proof_modules
 
     assert proof_modules.flagged_block("cuda") == "UpstreamSCAM"
     cfg = proof_modules.write_scam_variant(gpu_proof.FULL.scam_base, "UpstreamSCAM", tmp_path)
@@ -131,7 +130,7 @@ def test_the_gpu_run_s_scam_model_is_flagged_for_cuda_in_every_scam_layer(tmp_pa
 
 def stub_prove(calls):
     """A ``prove`` that records its work folder, generates the data there and runs one passing check."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
 
     def prove(proof, plan, device, work, jobs):
         calls.append(work)
@@ -142,7 +141,7 @@ def stub_prove(calls):
 
 def test_a_proof_cut_by_its_budget_is_incomplete_and_exits_1(tmp_path, monkeypatch):
     """Finding 3: a budget cut used to write complete: true and exit 0."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
 
     monkeypatch.setattr(gpu_proof, "prove", stub_prove([]))
     out = tmp_path / "p.json"
@@ -154,7 +153,7 @@ def test_a_proof_cut_by_its_budget_is_incomplete_and_exits_1(tmp_path, monkeypat
 
 def test_the_same_workdir_twice_runs_twice(tmp_path, monkeypatch):
     """Finding 4: a second run in the same --workdir crashed with FileExistsError while generating data."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
 
     calls = []
     monkeypatch.setattr(gpu_proof, "prove", stub_prove(calls))
@@ -173,7 +172,7 @@ def test_the_same_workdir_twice_runs_twice(tmp_path, monkeypatch):
 ])
 def test_no_quiet_fall_back_to_the_cpu(tmp_path, monkeypatch, capsys, args, message):
     """Finding 5: without CUDA the default device used to run the full plan on the CPU."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
     from utils import torch_utils
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # records the value to restore: select_device exports one
@@ -203,7 +202,7 @@ class Done:
 
 def test_the_cublas_row_fails_only_on_the_too_late_warning(monkeypatch):
     """Finding 7: any log line with 'has no effect' used to fail the row."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
     from utils import torch_utils
     from utils.logging import LOGGER
 
@@ -228,7 +227,7 @@ def test_the_cublas_row_fails_only_on_the_too_late_warning(monkeypatch):
 
 def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
     """Finding 8: with the off row failed, warn became the baseline but was labelled 'vs off'."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
 
     seconds = {"warn": 0.2, "scoped": 0.3, "strict": 0.4}
 
@@ -257,7 +256,7 @@ def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_p
     With train.py's test-only switch the run saves after batch 3 of epoch 0 and SIGKILLs itself,
     however fast or slow the machine is; the position is the one asked for.
     """
-    import proof_runs
+    from benchmarks.gpu_proof import runs as proof_runs
 
     settings = proof_runs.RunSettings(shapes_data, tmp_path / "runs", "cpu", 64, 1, 4, 0, threads=1)
     position, killed = proof_runs.kill_mid_epoch(settings.command(tiny_cfg, "k"), settings.project, "k", 600,
@@ -282,7 +281,7 @@ def test_the_kill_switch_rejects_a_bad_value(monkeypatch):
 
 def test_kill_and_resume_chains_start_first(tmp_path):
     """Finding 2: l-ffca-yolo's kill-and-resume chain was the 8th task of a 6-slot pool and could miss the deadline."""
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
 
     class RecordingPool:
         def __init__(self):
@@ -303,7 +302,7 @@ def test_kill_and_resume_chains_start_first(tmp_path):
 
 
 def test_help_names_the_cpu_check(capsys):
-    import gpu_proof
+    from benchmarks.gpu_proof import proof as gpu_proof
 
     with pytest.raises(SystemExit):
         gpu_proof.parse_args(["--help"])

@@ -1,6 +1,6 @@
 """The GPU proof replayed on a CPU: a table of CUDA outcomes drives the real proof code through every branch.
 
-benchmarks/replay/cuda-torch-2.14.json holds the outcomes CUDA is expected to give (from PyTorch's
+benchmarks/gpu_proof/replay/cuda-torch-2.14.json holds the outcomes CUDA is expected to give (from PyTorch's
 documentation, not measured). The fast tests replay the ops and control sections and the deadline
 and budget machinery; the slow test replays the whole quick plan with one fault of each kind added
 and checks that every row kind and every section came out.
@@ -13,15 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu_proof import proof as gpu_proof
+from benchmarks.gpu_proof import runs as proof_runs
+from benchmarks.gpu_proof.device import ReplayDevice, table_from_record
+from benchmarks.gpu_proof.report import DeadlineExceeded, Proof, row_kind
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_proof  # noqa: E402
-import proof_runs  # noqa: E402
-from proof_device import ReplayDevice, table_from_record  # noqa: E402
-from proof_report import DeadlineExceeded, Proof, row_kind  # noqa: E402
-
-TABLE = ROOT / "benchmarks" / "replay" / "cuda-torch-2.14.json"
+TABLE = ROOT / "benchmarks" / "gpu_proof" / "replay" / "cuda-torch-2.14.json"
 SECTIONS = {"ops", "control", "scam", "reruns", "timing"}
 FAULTS = {"mismatch_case": "gather", "killed_run": "tiny-workers0", "timing_rows_before_cut": 2}
 
@@ -42,7 +40,7 @@ def with_faults(table: dict) -> dict:
 
 
 def test_the_table_covers_every_battery_case():
-    import proof_ops
+    from benchmarks.gpu_proof import ops as proof_ops
 
     assert set(recorded()["ops"]) == set(proof_ops.CASES)
 
@@ -107,7 +105,7 @@ def test_replay_produces_every_row_kind_in_every_section(tmp_path):
     table = tmp_path / "faulted.json"
     table.write_text(json.dumps(with_faults(recorded())))
     out = tmp_path / "proof.json"
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_proof.py", "--quick", "--replay", str(table),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_proof.proof", "--quick", "--replay", str(table),
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     record = json.loads(out.read_text())

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-import torchvision
 
+from benchmarks.speed.bench_nms import random_prediction, reference_nms
 from utils import ops
 from utils.errors import UserError
 from utils.ops import (check_img_size, clip_boxes, make_divisible, non_max_suppression, scale_boxes, xywh2xyxy,
@@ -154,49 +154,6 @@ def test_nms_rejects_bad_thresholds(kwargs, flag):
         non_max_suppression(torch.zeros((1, 3, 7)), **kwargs)
 
 
-def _reference_nms(prediction, conf_thres, iou_thres, classes=None, agnostic=False, multi_label=False, labels=(),
-                   max_det=300, max_nms=30000):
-    """The per-image NMS that the vectorised one replaced, kept to prove identical outputs."""
-    bs, nc = prediction.shape[0], prediction.shape[2] - 5
-    multi_label &= nc > 1
-    output = [torch.zeros((0, 6))] * bs
-    for xi, x in enumerate(prediction):
-        if labels is not None and len(labels) and len(labels[xi]):
-            lb = labels[xi]
-            forced = torch.zeros((len(lb), 5 + nc))
-            forced[:, :4] = lb[:, 1:5]
-            forced[:, 4] = 1.0
-            forced[torch.arange(len(lb)), lb[:, 0].long() + 5] = 1.0
-            x = torch.cat((x, forced), 0)
-        x = x[x[:, 4] > conf_thres]
-        scores = x[:, 5:] * x[:, 4:5]
-        box = xywh2xyxy(x[:, :4])
-        if multi_label:
-            i, j = (scores > conf_thres).nonzero(as_tuple=False).T
-            det = torch.cat((box[i], scores[i, j, None], j[:, None].float()), 1)
-        else:
-            conf, j = scores.max(1, keepdim=True)
-            det = torch.cat((box, conf, j.float()), 1)[conf.view(-1) > conf_thres]
-        if classes is not None:
-            det = det[(det[:, 5:6] == torch.tensor(classes)).any(1)]
-        if not len(det):
-            continue
-        det = det[det[:, 4].argsort(descending=True)[:max_nms]]
-        offsets = torch.zeros_like(det[:, 5]) if agnostic else det[:, 5]
-        keep = torchvision.ops.batched_nms(det[:, :4], det[:, 4], offsets.long(), iou_thres)
-        output[xi] = det[keep[:max_det]]
-    return output
-
-
-def _random_prediction(generator, bs, n, nc, size=256.0):
-    """(bs, n, 5 + nc) predictions: boxes spread over a ``size`` image, objectness skewed low as in practice."""
-    pred = torch.rand((bs, n, 5 + nc), generator=generator)
-    pred[..., :2] *= size
-    pred[..., 2:4] = pred[..., 2:4] * size / 4 + 1
-    pred[..., 4] = pred[..., 4] ** 3
-    return pred
-
-
 @pytest.mark.parametrize("seed, bs, n, nc, kwargs", [
     (0, 4, 3000, 3, {"conf_thres": 0.001, "iou_thres": 0.6, "multi_label": True}),   # val.py's settings
     (1, 3, 2000, 1, {"conf_thres": 0.25, "iou_thres": 0.45}),                       # detect.py's settings
@@ -207,9 +164,9 @@ def _random_prediction(generator, bs, n, nc, size=256.0):
 ])
 def test_nms_matches_per_image_reference(seed, bs, n, nc, kwargs):
     generator = torch.Generator().manual_seed(seed)
-    pred = _random_prediction(generator, bs, n, nc)
+    pred = random_prediction(generator, bs, n, nc)
     pred[bs - 1, :, 4] = 0.0  # one image without candidates
-    expected = _reference_nms(pred, **kwargs)
+    expected = reference_nms(pred, **kwargs)
     got = non_max_suppression(pred, **kwargs)
     assert [len(d) for d in got] == [len(d) for d in expected]
     assert any(len(d) for d in expected)
@@ -226,11 +183,11 @@ def _rows_sorted(det):
 
 def test_nms_hybrid_labels_match_reference():
     generator = torch.Generator().manual_seed(7)
-    pred = _random_prediction(generator, 3, 800, 3)
+    pred = random_prediction(generator, 3, 800, 3)
     labels = [torch.tensor([[2.0, 30.0, 40.0, 12.0, 9.0], [0.0, 200.0, 100.0, 20.0, 30.0]]), torch.zeros((0, 5)),
               torch.tensor([[1.0, 128.0, 128.0, 50.0, 40.0]])]
     kwargs = {"conf_thres": 0.001, "iou_thres": 0.6, "multi_label": True, "labels": labels}
-    got, expected = non_max_suppression(pred, **kwargs), _reference_nms(pred, **kwargs)
+    got, expected = non_max_suppression(pred, **kwargs), reference_nms(pred, **kwargs)
     for g, e in zip(got, expected):  # label rows tie at confidence 1.0, so compare as sets of rows
         assert torch.equal(_rows_sorted(g), _rows_sorted(e))
     assert (got[2][:, 4] == 1.0).sum() == 1 and (got[0][:, 4] == 1.0).sum() == 2

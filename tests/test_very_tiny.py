@@ -12,7 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
-from benchmarks import very_tiny  # noqa: E402
+from benchmarks.accuracy import very_tiny  # noqa: E402
 from make_very_tiny import main as generator_main  # noqa: E402
 from utils.dataset.synthetic.very_tiny import NAMES, make_very_tiny  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
@@ -90,7 +90,7 @@ def test_set_overrides_are_typed_and_written_over_the_base_hyp(tmp_path):
 
 def test_one_epoch_smoke_on_a_64px_mini_suite(tmp_path, tiny_cfg):
     """The suite's own jobs, trained in this process with the test model: a table row per seed."""
-    from benchmarks.accuracy import train_one
+    from benchmarks.accuracy.matrix import train_one
 
     opt, overrides = very_tiny.parse_opt(["--seeds", "0", "--epochs", "1", "--batch-size", "2", "--img-size", "64",
                                           "--n-train", "2", "--n-val", "1", "--set", "mosaic=0"])
@@ -126,7 +126,7 @@ def test_table_shows_both_bands_and_the_summary_gives_the_seed_spread():
 
 
 def test_cli_reports_an_unknown_key_without_a_traceback():
-    out = subprocess.run([sys.executable, "benchmarks/very_tiny.py", "--set", "nwdd=0.5"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "benchmarks.accuracy.very_tiny", "--set", "nwdd=0.5"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().startswith("ERROR: --set nwdd=0.5: unknown hyperparameter")
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

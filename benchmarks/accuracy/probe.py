@@ -11,30 +11,24 @@ no letterbox), every raw prediction of every level is compared with the labels, 
 - ``cls@hit``: mean best class probability of the same predictions.
 - ``precision@100``: share of the 100 most confident predictions of all levels with IoU > 0.5.
 
-    python benchmarks/accuracy_probe.py runs/train/exp/weights/last.pt --data datasets/glyphs.yaml
+    python -m benchmarks.accuracy.probe runs/train/exp/weights/last.pt --data datasets/glyphs.yaml
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
+import statistics
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import cv2
+import numpy as np
+import torch
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from models.backends import load_backend  # noqa: E402
-from utils.dataset.data_config import check_dataset  # noqa: E402
-from utils.dataset.image_io import img2label_paths  # noqa: E402
-from utils.converters.sources import list_images  # noqa: E402
-from utils.metrics import box_iou  # noqa: E402
-from utils.ops import xywh2xyxy  # noqa: E402
+from models.backends import load_backend
+from utils.dataset.data_config import check_dataset
+from utils.dataset.image_io import img2label_paths
+from utils.converters.sources import list_images
+from utils.metrics import box_iou
+from utils.ops import xywh2xyxy
 
 HIT_IOU = 0.5
 

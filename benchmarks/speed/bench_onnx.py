@@ -1,6 +1,6 @@
 """PyTorch vs ONNX Runtime vs OpenVINO inference time per image on CPU (batch 1, fp32, fused model, untrained weights).
 
-Usage: python benchmarks/bench_onnx.py [--imgsz 640] [--runs 20] [--threads 0] [--cfg models/yolov5n.yaml ...]
+Usage: python -m benchmarks.speed.bench_onnx [--imgsz 640] [--runs 20] [--threads 0] [--cfg models/yolov5n.yaml ...]
 
 Each model is built from its YAML, saved as a checkpoint in a temporary folder, exported with
 export.py to ONNX and OpenVINO (static shape, checked against PyTorch), then all three are timed on
@@ -10,22 +10,18 @@ divided by ONNX Runtime's.
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import export
+from models.backends import load_backend
+from models.yolo import Model
+from utils.training.checkpoints import save_checkpoint
 
-import export  # noqa: E402
-from models.backends import load_backend  # noqa: E402
-from models.yolo import Model  # noqa: E402
-from utils.training.checkpoints import save_checkpoint  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("models/yolov5n.yaml", "models/ffca-yolo-n.yaml", "models/ffca-yolo.yaml")
 
 

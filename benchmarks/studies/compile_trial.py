@@ -1,8 +1,8 @@
 """Trial of torch.compile for training on CPU: step time, compile cost and run-to-run equality.
 
-    python benchmarks/compile_trial.py                                   # yolov5n, 256 px, batch 16
-    python benchmarks/compile_trial.py --cfg models/ffca-yolo-n.yaml --steps 20
-    python benchmarks/compile_trial.py --profile-only                    # where the eager step's time goes
+    python -m benchmarks.studies.compile_trial                                   # yolov5n, 256 px, batch 16
+    python -m benchmarks.studies.compile_trial --cfg models/ffca-yolo-n.yaml --steps 20
+    python -m benchmarks.studies.compile_trial --profile-only                    # where the eager step's time goes
 
 One training step = forward, ComputeLoss, backward and an SGD step on a fixed random batch with
 fixed targets (no data loading, so only the model's share of a step is compared). Eager and
@@ -14,19 +14,15 @@ from one seed end with bit-identical weights. A benchmark, not a test: run it on
 import argparse
 import hashlib
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from models.yolo import Model
+from utils.loss import ComputeLoss
 
-from models.yolo import Model  # noqa: E402
-from utils.loss import ComputeLoss  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 HYP = {"box": 0.05, "cls": 0.5, "cls_pw": 1.0, "obj": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0,
        "label_smoothing": 0.0}
 

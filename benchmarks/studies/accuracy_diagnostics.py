@@ -5,34 +5,29 @@ positive (target, anchor, cell) assignments per level, the initial objectness pr
 level, the BatchNorm output scale behind each FFM, and gradient norms per stage over the first
 optimizer steps of a plain SGD loop (no augmentation, no warm-up).
 
-    python benchmarks/accuracy_diagnostics.py --variants yolov5n-p2 ffca-yolo-n --steps 30
+    python -m benchmarks.studies.accuracy_diagnostics --variants yolov5n-p2 ffca-yolo-n --steps 30
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "data" / "scripts"))
+import torch
 
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
+from benchmarks.accuracy.variants import variant_yaml
+from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
+from models.ffca import FFM_Concat2, FFM_Concat3
+from models.yolo import Model
+from utils.loss import scale_loss_gains
+from utils.autoanchor import check_anchors
+from utils.dataset.data_config import check_dataset
+from utils.dataloaders import create_dataloader
+from utils.files import yaml_load
+from utils.loss import ComputeLoss
 
-import torch  # noqa: E402
-
-from benchmarks.accuracy_variants import variant_yaml  # noqa: E402
-from make_tiny_shapes import make_tiny_shapes  # noqa: E402
-from models.ffca import FFM_Concat2, FFM_Concat3  # noqa: E402
-from models.yolo import Model  # noqa: E402
-from utils.loss import scale_loss_gains  # noqa: E402
-from utils.autoanchor import check_anchors  # noqa: E402
-from utils.dataset.data_config import check_dataset  # noqa: E402
-from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.files import yaml_load  # noqa: E402
-from utils.loss import ComputeLoss  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 
 

@@ -1,7 +1,7 @@
 """The GPU proof: every single-GPU determinism claim of this project, checked in one command.
 
-    python benchmarks/gpu_proof.py --out proof.json 2>&1 | tee proof.log  # one CUDA GPU, 290 s budget
-    python benchmarks/gpu_proof.py --device cpu --quick --out proof.json   # the CPU check (test suite)
+    python -m benchmarks.gpu_proof.proof --out proof.json 2>&1 | tee proof.log  # one CUDA GPU, 290 s budget
+    python -m benchmarks.gpu_proof.proof --device cpu --quick --out proof.json   # the CPU check (test suite)
 
 The quick plan is the CPU check: the full plan is sized for a GPU and refuses --device cpu.
 
@@ -24,13 +24,12 @@ Exit code: 0 without FAIL rows and nothing skipped for the budget, 1 otherwise, 
 ``--workdir`` gets a new subfolder per run, so rerunning with the same one is safe.
 
 ``--replay TABLE --quick`` runs the same code on a CPU against a table of a device's outcomes
-(``benchmarks/proof_device.py``; the test suite replays ``benchmarks/replay/cuda-torch-2.14.json``
+(``benchmarks/gpu_proof/device.py``; the test suite replays ``benchmarks/gpu_proof/replay/cuda-torch-2.14.json``
 with faults added, so every row kind and the proof's CUDA branches have run before a GPU sees them;
 only ``LiveDevice``'s own CUDA calls, such as the peak-memory statistics, have not).
 """
 
 import argparse
-import importlib.util
 import os
 import re
 import sys
@@ -42,26 +41,24 @@ from pathlib import Path
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything in this process starts CUDA
 
-ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "benchmarks"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
 import torch  # noqa: E402
 
-import proof_modules  # noqa: E402  (registers the SCAM variants in this process too)
-from harness import HYP  # noqa: E402
+from benchmarks.gpu_proof import modules as proof_modules  # noqa: E402  (registers the SCAM variants here too)
+from benchmarks.gpu_proof.device import LiveDevice, ReplayDevice  # noqa: E402
+from benchmarks.gpu_proof.ops import (CASES, TORCH_ALERT, battery_case, control_off, control_strict,  # noqa: E402
+                                      run_audit)
+from benchmarks.gpu_proof.report import Proof, info, skip, verdict  # noqa: E402
+from benchmarks.gpu_proof.runs import RunSettings, finished  # noqa: E402
+from benchmarks.speed.harness import HYP  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from proof_device import LiveDevice, ReplayDevice  # noqa: E402
-from proof_ops import CASES, TORCH_ALERT, battery_case, control_off, control_strict, run_audit  # noqa: E402
-from proof_report import Proof, info, skip, verdict  # noqa: E402
-from proof_runs import RunSettings, finished  # noqa: E402
+from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
 from utils.torch_utils import CUBLAS_TOO_LATE, select_device, temporary_determinism  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 TINY = ROOT / "tests" / "models" / "tiny.yaml"
 MODES = ("off", "warn", "scoped", "strict")
@@ -97,11 +94,8 @@ QUICK = Plan((TINY,), TINY, imgsz=64, epochs=1, batch_size=4, workers=2, n_train
 
 
 def make_data(folder: Path, plan: Plan) -> Path:
-    """Generate the shapes data set into ``folder`` with data/scripts/make_shapes.py; returns its YAML."""
-    spec = importlib.util.spec_from_file_location("make_shapes", ROOT / "data" / "scripts" / "make_shapes.py")
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    generator.make_shapes(folder / "shapes", n_train=plan.n_train, n_val=plan.n_val, seed=0)
+    """Generate the shapes data set into ``folder`` (the generator of data/scripts/make_shapes.py); returns its YAML."""
+    make_shapes(folder / "shapes", n_train=plan.n_train, n_val=plan.n_val, seed=0)
     data_yaml = folder / "shapes.yaml"
     data_yaml.write_text(f"path: {folder / 'shapes'}\ntrain: images/train\nval: images/val\n"
                          "names: [circle, square, triangle, cross]\n")
@@ -303,7 +297,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None,
                    help="folder that gets a new subfolder for data and runs (default: a temporary one)")
     p.add_argument("--replay", default=None, metavar="TABLE",
-                   help="with --quick: replay a JSON table of a device's outcomes on the CPU (see proof_device.py)")
+                   help="with --quick: replay a JSON table of a device's outcomes on the CPU "
+                        "(see benchmarks/gpu_proof/device.py)")
     args = p.parse_args(argv)
     if args.replay and not args.quick:
         raise UserError(f"--replay {args.replay}: a replay runs the quick plan on the CPU; add --quick")

@@ -1,8 +1,8 @@
 """Training-loader throughput: augmented mosaic batches per second on the embedded shapes data set.
 
-    python benchmarks/bench_dataloader.py                  # imgsz 640, batch 16, hyp.scratch-low, workers 0 and 2
-    python benchmarks/bench_dataloader.py --workers 0 2 4 --batches 20 --runs 5
-    python benchmarks/bench_dataloader.py --data data/shapes_large.yaml --train-tiles 256 --imgsz 256  # tiles
+    python -m benchmarks.speed.bench_dataloader                  # imgsz 640, batch 16, hyp.scratch-low, workers 0 and 2
+    python -m benchmarks.speed.bench_dataloader --workers 0 2 4 --batches 20 --runs 5
+    python -m benchmarks.speed.bench_dataloader --data data/shapes_large.yaml --train-tiles 256 --imgsz 256  # tiles
 
 Prints images/s per worker count (the median of ``--runs`` timed runs, each ``--batches`` batches
 after one warm-up batch that starts the workers) and, with ``--workers 0``, the CPU time per image
@@ -16,13 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from utils.dataset.data_config import check_dataset
+from utils.dataloaders import create_dataloader
+from utils.files import yaml_load
 
-from utils.dataset.data_config import check_dataset  # noqa: E402 (needs the repo root on sys.path)
-from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.files import yaml_load  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def images_per_second(loader, epoch, batches):

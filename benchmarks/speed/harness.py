@@ -6,26 +6,22 @@ fed by the real augmenting loader, so the figures include data loading.
 
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import train
+from models.yolo import Model
+from utils.dataset.data_config import check_dataset
+from utils.dataloaders import create_dataloader
+from utils.determinism.audit_cache import start_up_audit
+from utils.ddp import DistInfo
+from utils.files import yaml_load
+from utils.loss import ComputeLoss
+from utils.torch_utils import configure_determinism
 
-import train  # noqa: E402
-from models.yolo import Model  # noqa: E402
-from utils.dataset.data_config import check_dataset  # noqa: E402
-from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.determinism.audit_cache import start_up_audit  # noqa: E402
-from utils.ddp import DistInfo  # noqa: E402
-from utils.files import yaml_load  # noqa: E402
-from utils.loss import ComputeLoss  # noqa: E402
-from utils.torch_utils import configure_determinism  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "shapes.yaml"
 HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 

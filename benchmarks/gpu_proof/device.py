@@ -1,7 +1,7 @@
 """The GPU proof's device layer: every place where the proof touches the device it proves.
 
 :class:`LiveDevice` does it for real. :class:`ReplayDevice` replays a table of device outcomes
-(JSON, e.g. ``benchmarks/replay/cuda-torch-2.14.json``) through the same proof code on a CPU, so
+(JSON, e.g. ``benchmarks/gpu_proof/replay/cuda-torch-2.14.json``) through the same proof code on a CPU, so
 the proof's branches for a GPU run before a GPU sees them (only :class:`LiveDevice`'s own CUDA
 calls, e.g. the peak-memory statistics, do not):
 
@@ -17,7 +17,7 @@ calls, e.g. the peak-memory statistics, do not):
 Training runs, the audit, the raw strict loop and the timing run on the CPU for real; the SCAM
 rows use the block that fails on the CPU (``PutGradientSCAM``), which the audit flags for CUDA too.
 
-Once a GPU proof has run, ``python benchmarks/proof_device.py proof.json > table.json`` turns its
+Once a GPU proof has run, ``python -m benchmarks.gpu_proof.device proof.json > table.json`` turns its
 record into a table of that device's measured outcomes (:func:`table_from_record`).
 """
 
@@ -28,14 +28,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: utils/ must be importable
-    sys.path.insert(0, str(ROOT))
-
-import proof_ops  # noqa: E402
-import proof_runs  # noqa: E402
-from harness import peak_rss_gib, time_fixed_batch  # noqa: E402
-from utils.errors import UserError  # noqa: E402
+from benchmarks.gpu_proof import ops as proof_ops
+from benchmarks.gpu_proof import runs as proof_runs
+from benchmarks.speed.harness import peak_rss_gib, time_fixed_batch
+from utils.errors import UserError, exit_on_user_error
+from utils.options import OneLineErrorParser
 
 
 class LiveDevice:
@@ -98,7 +95,7 @@ class ReplayDevice(LiveDevice):
             if not isinstance(table.get("ops"), dict) or not isinstance(table.get("control"), dict):
                 raise ValueError("needs 'ops' and 'control' mappings")
         except (OSError, ValueError, AttributeError) as e:
-            raise UserError(f"--replay {path}: not a replay table ({e}); see benchmarks/replay/") from None
+            raise UserError(f"--replay {path}: not a replay table ({e}); see benchmarks/gpu_proof/replay/") from None
         return cls(table, budget_s)
 
     def strict_outcome(self, name: str, op, device: torch.device) -> tuple:
@@ -152,5 +149,23 @@ def table_from_record(record: dict) -> dict:
             "killed_at_deadline": [], "budget_cut_after_timing_rows": None}
 
 
-if __name__ == "__main__":  # python benchmarks/proof_device.py proof.json > table.json
-    print(json.dumps(table_from_record(json.loads(Path(sys.argv[1]).read_text())), indent=1))
+@exit_on_user_error
+def main(argv=None) -> int:
+    """Print the replay table of a GPU proof record (``python -m benchmarks.gpu_proof.device proof.json > t.json``)."""
+    parser = OneLineErrorParser(prog="python -m benchmarks.gpu_proof.device",
+                                description="Turn a GPU proof record into a replay table of its device's outcomes.")
+    parser.add_argument("record", type=Path, help="proof.json written by python -m benchmarks.gpu_proof.proof")
+    record = parser.parse_args(argv).record
+    try:
+        table = table_from_record(json.loads(record.read_text()))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{record}: cannot read it as JSON ({e})") from None
+    except (KeyError, TypeError) as e:
+        raise UserError(f"{record}: not a GPU proof record (field {e} missing or malformed); "
+                        "pass the --out file of python -m benchmarks.gpu_proof.proof") from None
+    print(json.dumps(table, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

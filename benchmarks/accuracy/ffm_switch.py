@@ -14,7 +14,7 @@ the model must be fine-tuned. This benchmark measures that on one data set:
 4. a table of mAP50 / mAP50-95 per fine-tuning epoch for both, and the first epoch at which each
    reaches the source's mAP50-95.
 
-    python benchmarks/ffm_switch.py --data data/shapes.yaml --cfg models/ffca-yolo-n.yaml --imgsz 256 \\
+    python -m benchmarks.accuracy.ffm_switch --data data/shapes.yaml --cfg models/ffca-yolo-n.yaml --imgsz 256 \\
         --source-epochs 100 --epochs 30 --batch-size 16 --out runs/ffm-switch
 
 Figures are for one seed and one data set; docs/export.md says what has been measured.
@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from utils.convert_checkpoint import with_authors_ffm, with_fixed_ffm
+from utils.files import yaml_load, yaml_save
+from utils.training.checkpoints import load_checkpoint, save_checkpoint
 
-from utils.convert_checkpoint import with_authors_ffm, with_fixed_ffm  # noqa: E402
-from utils.files import yaml_load, yaml_save  # noqa: E402
-from utils.training.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_opt(argv=None):

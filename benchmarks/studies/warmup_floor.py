@@ -7,26 +7,21 @@ iterations; train.py itself is not changed: the run's loop is adjusted before it
 runs interleaved (model A, model B, then the same without the floor), and prints the first epoch
 with a non-zero mAP50, the first with mAP50 >= 0.01 and the final mAP50 / mAP50-95 of each.
 
-    python benchmarks/warmup_study.py --out runs/warmup-study               # yolov5n, ffca-yolo-n, 12 epochs
-    python benchmarks/warmup_study.py --models yolov5n-p2 ffca-yolo-n --epochs 20
+    python -m benchmarks.studies.warmup_floor --out runs/warmup-study               # yolov5n, ffca-yolo-n, 12 epochs
+    python -m benchmarks.studies.warmup_floor --models yolov5n-p2 ffca-yolo-n --epochs 20
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import sys
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "data" / "scripts"))
-
-import train  # noqa: E402
-from benchmarks.accuracy_variants import MODELS  # noqa: E402
-from make_tiny_shapes import make_tiny_shapes  # noqa: E402
+import train
+from benchmarks.accuracy.variants import MODELS
+from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
 
 USEFUL_MAP50 = 0.01  # a non-zero mAP50 of ~1e-5 is a lucky box, not a detector
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from utils.files import yaml_load, yaml_save
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {
     "yolov5n": ROOT / "models" / "yolov5n.yaml",
-    "yolov5n-p2": ROOT / "benchmarks" / "models" / "yolov5n-p2.yaml",
+    "yolov5n-p2": Path(__file__).parent / "models" / "yolov5n-p2.yaml",
     "ffca-yolo-n": ROOT / "models" / "ffca-yolo-n.yaml",
     "l-ffca-yolo": ROOT / "models" / "l-ffca-yolo.yaml",
 }

@@ -1,7 +1,7 @@
 """How many labels survive training augmentation, by size, for several ``min_box_px`` values.
 
-    python benchmarks/box_survival.py                          # generated very-tiny set, imgsz 256, scratch-low
-    python benchmarks/box_survival.py --data D.yaml --imgsz 640 --values 2 1 --epochs 2
+    python -m benchmarks.accuracy.box_survival    # generated very-tiny set, imgsz 256, scratch-low
+    python -m benchmarks.accuracy.box_survival --data D.yaml --imgsz 640 --values 2 1 --epochs 2
 
 Every value sees the same samples and the same random draws (the threshold only filters labels), so
 the counts differ only by the boxes the threshold drops. Sizes are ``sqrt(w * h)`` of the labels the
@@ -10,27 +10,22 @@ generated into a temporary folder: 16 images of 512 px with 40-80 objects of 2-1
 """
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from utils.dataloaders import LoadImagesAndLabels
+from utils.dataset.data_config import check_dataset
+from utils.files import yaml_load
 
-from utils.dataloaders import LoadImagesAndLabels  # noqa: E402 (needs the repo root on sys.path)
-from utils.dataset.data_config import check_dataset  # noqa: E402
-from utils.files import yaml_load  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 EDGES = (0, 2, 4, 8, 16, np.inf)
 
 
 def generated_set(folder: Path) -> str:
     """The default very-tiny training images (offline, seed 0); returns their folder."""
-    sys.path.insert(0, str(ROOT / "data" / "scripts"))
-    from make_shapes import make_shapes
+    from utils.dataset.synthetic.shapes import make_shapes
 
     make_shapes(folder / "tiny", n_train=16, n_val=1, seed=0, size=512, sides=(2, 12), objects=(40, 80))
     return str(folder / "tiny" / "images" / "train")

@@ -1,7 +1,7 @@
 """Cost of each determinism mode: median time per training batch and the ratio to ``off``.
 
-    python benchmarks/bench_determinism.py                                  # CPU, yolov5n and ffca-yolo, 256 px
-    python benchmarks/bench_determinism.py --device 0 --batch-size 32      # the same on a GPU
+    python -m benchmarks.speed.bench_determinism                                  # CPU, yolov5n and ffca-yolo, 256 px
+    python -m benchmarks.speed.bench_determinism --device 0 --batch-size 32      # the same on a GPU
 
 Modes are measured round-robin (off, warn, scoped, strict, off, ...) so that drift in machine load
 spreads over all of them; each figure is the median over rounds of per-round medians.
@@ -9,13 +9,11 @@ spreads over all of them; each figure is the median over rounds of per-round med
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.speed.harness import time_batches
 
-from harness import time_batches  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 MODES = ("off", "warn", "scoped", "strict")
 

@@ -1,8 +1,8 @@
 """val.py and detect.py throughput (images/s) for yolov5s and FFCA-YOLO with random-init weights.
 
-    python benchmarks/bench_val_detect.py                          # 640 px, CPU, 32 images, 3 runs
-    python benchmarks/bench_val_detect.py --images 8 --runs 2      # quicker
-    python benchmarks/bench_val_detect.py --device 0 --batch-size 32
+    python -m benchmarks.speed.bench_val_detect                          # 640 px, CPU, 32 images, 3 runs
+    python -m benchmarks.speed.bench_val_detect --images 8 --runs 2      # quicker
+    python -m benchmarks.speed.bench_val_detect --device 0 --batch-size 32
 
 Validation figures include data loading, inference, NMS (conf 0.001, IoU 0.6, as val.py's
 defaults) and the metric computation; detect figures include reading and letterboxing each image,
@@ -14,26 +14,22 @@ A benchmark, not a test: run it on an idle machine.
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import detect
+import val
+from models.experimental import attempt_load
+from models.yolo import Model
+from utils.training.checkpoints import save_checkpoint
+from utils.dataset.data_config import check_dataset
+from utils.dataloaders import create_dataloader
+from utils.torch_utils import select_device
 
-import detect  # noqa: E402 (needs the repo root on sys.path)
-import val  # noqa: E402
-from models.experimental import attempt_load  # noqa: E402
-from models.yolo import Model  # noqa: E402
-from utils.training.checkpoints import save_checkpoint  # noqa: E402
-from utils.dataset.data_config import check_dataset  # noqa: E402
-from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.torch_utils import select_device  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"yolov5s": ROOT / "models" / "yolov5s.yaml", "ffca-yolo": ROOT / "models" / "ffca-yolo.yaml"}
 
 

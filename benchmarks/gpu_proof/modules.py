@@ -1,8 +1,8 @@
 """Model blocks the GPU proof trains: FFCA's SCAM as published (on ``nn.AdaptiveMaxPool2d``) and a CPU stand-in.
 
 Importing this module registers both blocks with the YAML parser, so a ``train.py`` subprocess
-that imports it first (``python -c "import proof_modules, train; train.cli()" ARGS``, with
-``benchmarks/`` on ``PYTHONPATH``) can train a model YAML that names them.
+that imports it first (``python -c "import benchmarks.gpu_proof.modules, train; train.cli()" ARGS``, started
+in the repository root) can train a model YAML that names them.
 
 - ``UpstreamSCAM``: SCAM with ``nn.AdaptiveAvgPool2d(1)`` / ``nn.AdaptiveMaxPool2d(1)``, as in the
   authors' code; its ``adaptive_max_pool2d`` backward has no deterministic CUDA kernel.

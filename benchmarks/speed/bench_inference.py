@@ -1,8 +1,8 @@
 """Network inference time per image by memory layout, batch size and (optionally) torch.compile.
 
-    python benchmarks/bench_inference.py                                  # yolov5n, 256 px, CPU
-    python benchmarks/bench_inference.py --cfg models/ffca-yolo-n.yaml --imgsz 640 --batches 1 4
-    python benchmarks/bench_inference.py --compile                        # adds inductor (freezing) rows
+    python -m benchmarks.speed.bench_inference                                  # yolov5n, 256 px, CPU
+    python -m benchmarks.speed.bench_inference --cfg models/ffca-yolo-n.yaml --imgsz 640 --batches 1 4
+    python -m benchmarks.speed.bench_inference --compile                        # adds inductor (freezing) rows
 
 The fused (Conv+BN folded) eval model only: no data loading, no NMS. Each row is the median of
 ``--runs`` timed calls after ``--warmup`` calls, divided by the batch size; the ratio column is
@@ -14,17 +14,14 @@ it on an idle machine.
 import argparse
 import copy
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from models.yolo import Model
 
-from models.yolo import Model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def median_ms(fn, x, warmup, runs):

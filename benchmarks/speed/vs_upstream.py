@@ -2,8 +2,8 @@
 
     pip install --no-deps --target /tmp/yolov5pkg yolov5==7.0.14 psutil seaborn "setuptools<81" ultralytics
                                                                       # once; never a project requirement
-    python benchmarks/vs_upstream.py --upstream /tmp/yolov5pkg       # or an upstream checkout's folder
-    python benchmarks/vs_upstream.py --upstream /tmp/yolov5pkg --pairs 5 --train-images 128 --val-images 64
+    python -m benchmarks.speed.vs_upstream --upstream /tmp/yolov5pkg       # or an upstream checkout's folder
+    python -m benchmarks.speed.vs_upstream --upstream /tmp/yolov5pkg --pairs 5 --train-images 128 --val-images 64
 
 Both sides run yolov5n on the same generated shapes data (data/scripts/make_shapes.py, a copy per
 side so their label caches never meet), the same image size, batch, workers and thread count.
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ("train", "val", "detect", "loader")
 HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005, "box": 0.05, "cls": 0.5,
        "cls_pw": 1.0, "obj": 1.0, "obj_pw": 1.0, "iou_t": 0.2, "anchor_t": 4.0, "fl_gamma": 0.0,
@@ -44,7 +44,7 @@ HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005, "box
 
 
 def find_upstream(path):
-    """``(folder to put on sys.path, module prefix)`` of an upstream copy, or None.
+    """``(folder to put on the worker's PYTHONPATH, module prefix)`` of an upstream copy, or None.
 
     A PyPI install folder holds ``yolov5/models/yolo.py`` (modules ``yolov5.*``); a checkout holds
     ``models/yolo.py`` at its root (top-level ``models``/``utils``, which is why upstream only
@@ -62,18 +62,19 @@ def find_upstream(path):
 
 # ----------------------------------------------------------------------------- the two sides
 class Side:
-    """One implementation's entry points, imported inside its own worker process."""
+    """One implementation's entry points, imported inside its own worker process.
+
+    The worker's PYTHONPATH (:func:`worker_env`) decides which tree ``models``/``utils`` come from.
+    """
 
     def __init__(self, name, upstream=None):
         import importlib
 
         self.name = name
         if name == "ours":
-            sys.path.insert(0, str(ROOT))
             prefix, self.cfg = "", str(ROOT / "models" / "yolov5n.yaml")
         else:
             folder, prefix = upstream
-            sys.path.insert(0, folder)
             self.cfg = str(Path(folder) / prefix.rstrip(".").replace(".", "/") / "models" / "yolov5n.yaml")
         mod = lambda m: importlib.import_module(prefix + m)  # noqa: E731
         yolo, torch_utils = mod("models.yolo"), mod("utils.torch_utils")
@@ -214,7 +215,6 @@ def worker(side_name, task, cfg):
 # ----------------------------------------------------------------------------- orchestration
 def prepare(args, scratch):
     """Generate the data (one copy per side) and the shared weights; return the worker config."""
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from utils.dataset.synthetic.shapes import NAMES, make_shapes
@@ -237,10 +237,20 @@ def prepare(args, scratch):
             "roots": roots, "scratch": str(scratch)}
 
 
+def worker_env(side, cfg):
+    """The worker's environment: the side's tree first on PYTHONPATH, so ``models``/``utils`` come from it."""
+    folder = cfg["upstream"][0] if side == "upstream" else str(ROOT)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
+
+
 def run_worker(side, task, cfg):
-    """One measurement in a fresh interpreter; the worker's result dict."""
+    """One measurement in a fresh interpreter; the worker's result dict.
+
+    The worker starts from this file's path, not with ``-m``: an upstream checkout has its own top-level
+    ``benchmarks.py``, and this project's tree must not be importable on the upstream side.
+    """
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, task, "--config", json.dumps(cfg)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cfg["scratch"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cfg["scratch"], env=worker_env(side, cfg))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])

@@ -72,7 +72,7 @@ class Proof:
     """Collects rows under a wall-clock budget and keeps ``out`` (JSON) up to date."""
 
     def __init__(self, out: Path, budget_s: float, meta: dict, clock: Callable[[], float] = time.monotonic):
-        self.clock = clock  # a replay (benchmarks/proof_device.py) passes one that can jump to a budget cut
+        self.clock = clock  # a replay (benchmarks/gpu_proof/device.py) passes one that can jump to a budget cut
         self.out = Path(out)
         self.budget_s = budget_s
         self.meta = dict(meta)

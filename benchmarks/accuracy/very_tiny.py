@@ -3,7 +3,7 @@
 The data set is generated offline by data/scripts/make_very_tiny.py (seeded: the seed makes the
 data and the run): 256-px images by default (``--img-size``), 32-64 objects each, box sides
 2-12 px, about four in five under 8 px. Each model trains from scratch at the images' own size with ``train.run`` through
-benchmarks/accuracy.py's ``train_one`` (one thread per worker process), with the base hyp file
+benchmarks/accuracy/matrix.py's ``train_one`` (one thread per worker process), with the base hyp file
 plus the ``--set`` overrides, so options such as a tiny-box threshold or an NWD loss weight can be
 compared on the same data by running the suite once per setting. Per run it prints mAP50,
 mAP50-95, AP50, AP50-95 and label count per AI-TOD band (by sqrt(box area): very tiny < 8 and
@@ -11,36 +11,31 @@ tiny 8-16 px; the objects fall in no other band), the first epoch with mAP50 > 0
 box loss at the first and last epoch, and the wall time per epoch (training plus each epoch's
 validation); then per model the mean and range over seeds, the seed-to-seed spread.
 
-    python benchmarks/very_tiny.py                                   # the default suite (docs/small-objects.md)
-    python benchmarks/very_tiny.py --set scale=0.25 --out runs/very-tiny
-    python benchmarks/very_tiny.py --models ffca-yolo-n yolov5n-p2 --seeds 0 --epochs 5
+    python -m benchmarks.accuracy.very_tiny    # the default suite (docs/small-objects.md)
+    python -m benchmarks.accuracy.very_tiny --set scale=0.25 --out runs/very-tiny
+    python -m benchmarks.accuracy.very_tiny --models ffca-yolo-n yolov5n-p2 --seeds 0 --epochs 5
 
 Accuracy columns do not depend on ``--jobs`` or machine load; the s/epoch column does.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import math
+import multiprocessing
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "data" / "scripts"))
+from benchmarks.accuracy.matrix import BANDS, START_MAP50, train_one
+from benchmarks.accuracy.variants import ABLATIONS, MODELS, variant_yaml
+from utils.errors import UserError, exit_on_user_error
+from utils.files import yaml_load, yaml_save
+from utils.options import OneLineErrorParser
+from utils.training.evolve import META
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor  # noqa: E402
-
-from benchmarks.accuracy import BANDS, START_MAP50, train_one  # noqa: E402
-from benchmarks.accuracy_variants import ABLATIONS, MODELS, variant_yaml  # noqa: E402
-from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.files import yaml_load, yaml_save  # noqa: E402
-from utils.options import OneLineErrorParser  # noqa: E402
-from utils.training.evolve import META  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 HYPS = ROOT / "data" / "hyps"
 DEFAULT_HYP = HYPS / "hyp.scratch-low.yaml"
 SUITE_BANDS = ("very_tiny", "tiny")  # AI-TOD bands the generated 2-12 px objects fall in
@@ -96,7 +91,7 @@ def write_hyp(base: Path, overrides: dict, out: Path) -> Path:
 
 def make_data(size: int, seed: int, n_train: int, n_val: int, out: Path) -> Path:
     """Generate (or reuse) the very-tiny set of one seed; returns its data YAML."""
-    from make_very_tiny import make_very_tiny
+    from utils.dataset.synthetic.very_tiny import make_very_tiny
 
     root = out / "data" / f"very-tiny-{size}-{n_train}-{n_val}-s{seed}"
     yaml_file = root.with_suffix(".yaml")
@@ -157,7 +152,7 @@ def seed_summary(rows: list[dict]) -> list[str]:
 
 def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
     """The suite's flags and the parsed ``--set`` overrides; any bad flag is a UserError."""
-    p = OneLineErrorParser(prog="python benchmarks/very_tiny.py", description=__doc__.splitlines()[0])
+    p = OneLineErrorParser(prog="python -m benchmarks.accuracy.very_tiny", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=sorted(MODELS) + sorted(ABLATIONS),
                    help="models to train")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
@@ -185,9 +180,9 @@ def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
 def command_line(opt: argparse.Namespace) -> str:
     """The suite's settings as the command that reproduces them."""
     sets = f" --set {' '.join(opt.overrides)}" if opt.overrides else ""
-    return (f"python benchmarks/very_tiny.py --models {' '.join(opt.models)} --seeds {' '.join(map(str, opt.seeds))} "
-            f"--epochs {opt.epochs} --batch-size {opt.batch_size} --img-size {opt.img_size} --n-train {opt.n_train} "
-            f"--n-val {opt.n_val} --hyp {opt.hyp}{sets}")
+    return (f"python -m benchmarks.accuracy.very_tiny --models {' '.join(opt.models)} "
+            f"--seeds {' '.join(map(str, opt.seeds))} --epochs {opt.epochs} --batch-size {opt.batch_size} "
+            f"--img-size {opt.img_size} --n-train {opt.n_train} --n-val {opt.n_val} --hyp {opt.hyp}{sets}")
 
 
 def run_suite(argv=None) -> str:

@@ -9,8 +9,8 @@ the first epoch with mAP50 > 0.001, the train box loss at the first and the last
 wall time per epoch; then, per cell, whether ffca-yolo-n meets issue 22's target (first epoch no
 later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's).
 
-    python benchmarks/accuracy.py --jobs 2                       # the full matrix (docs/accuracy.md)
-    python benchmarks/accuracy.py --kinds glyphs --sizes 256 --seeds 0 --epochs 30
+    python -m benchmarks.accuracy.matrix --jobs 2                       # the full matrix (docs/accuracy.md)
+    python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 0 --epochs 30
 
 With ``--out DIR`` finished runs are kept and reused: the same command continues an interrupted
 matrix, and ``--report-only`` prints the table of the runs finished so far without training.
@@ -22,24 +22,19 @@ two one-thread runs finish sooner than one two-thread run. Accuracy columns do n
 
 from __future__ import annotations
 
-import sys
+import argparse
+import csv
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "data" / "scripts"))
+from benchmarks.accuracy.variants import ABLATIONS, MODELS, variant_yaml
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor  # noqa: E402
-
-from benchmarks.accuracy_variants import ABLATIONS, MODELS, variant_yaml  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
 KINDS = ("shapes", "glyphs")
@@ -48,8 +43,8 @@ START_MAP50 = 0.001  # "has started to detect": mAP50 above this
 
 def make_data(kind: str, size: int, seed: int, n_train: int, n_val: int, out: Path) -> Path:
     """Generate (or reuse) the data set of one cell; returns its data YAML."""
-    from make_glyphs import make_glyphs
-    from make_tiny_shapes import make_tiny_shapes
+    from utils.dataset.synthetic.glyphs import make_glyphs
+    from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
 
     root = out / "data" / f"{kind}-{size}-s{seed}"
     if root.with_suffix(".yaml").exists():
@@ -213,9 +208,9 @@ def main(argv=None) -> str:
             with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 rows = list(pool.map(train_one, jobs))
     report = "\n".join([format_table(rows), "", *target_verdicts(rows)])
-    print(f"\nbenchmarks/accuracy.py --epochs {opt.epochs} --batch-size {opt.batch_size} --n-train {opt.n_train} "
-          f"--n-val {opt.n_val} --kinds {' '.join(opt.kinds)} --sizes {' '.join(map(str, opt.sizes))} "
-          f"--seeds {' '.join(map(str, opt.seeds))}\n{report}")
+    print(f"\npython -m benchmarks.accuracy.matrix --epochs {opt.epochs} --batch-size {opt.batch_size} "
+          f"--n-train {opt.n_train} --n-val {opt.n_val} --kinds {' '.join(opt.kinds)} "
+          f"--sizes {' '.join(map(str, opt.sizes))} --seeds {' '.join(map(str, opt.seeds))}\n{report}")
     return report
 
 

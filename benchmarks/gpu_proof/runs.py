@@ -3,7 +3,8 @@
 Each run is its own Python process, as a user would start it, with its output in ``NAME.log``
 beside its run folder. The environment is the caller's minus ``CUBLAS_WORKSPACE_CONFIG``, so
 ``train.py`` has to set that variable itself, in time. Runs whose model uses a block from
-``benchmarks/proof_modules.py`` start through ``python -c "import proof_modules, train; train.cli()"``
+``benchmarks/gpu_proof/modules.py`` start through
+``python -c "import benchmarks.gpu_proof.modules, train; train.cli()"`` in the repository root
 (train.py has no flag for user modules; importing the module registers the block).
 """
 
@@ -19,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-from proof_report import DeadlineExceeded
+from benchmarks.gpu_proof.report import DeadlineExceeded
 from utils.training.run_state import SIGKILL_AFTER_BATCH_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
-LAUNCH_WITH_PROOF_MODULES = "import proof_modules, train; train.cli()"
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH_WITH_PROOF_MODULES = "import benchmarks.gpu_proof.modules, train; train.cli()"  # started in ROOT
 CHECKSUM_LINE = re.compile(r"Final EMA weights sha256[^:]*: ([0-9a-f]{64})")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
 KILL_AFTER_BATCH = 2  # mid-epoch in both plans (4 batches per epoch in the quick one, 6 in the full one)
@@ -66,9 +66,8 @@ def launcher(custom_modules: bool) -> list:
 
 
 def child_env(threads: int | None = None) -> dict:
-    """The environment of a run: benchmarks/ importable, no inherited CUBLAS_WORKSPACE_CONFIG."""
+    """The environment of a run: the caller's, without CUBLAS_WORKSPACE_CONFIG."""
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCHMARKS), str(ROOT), env.get("PYTHONPATH")]))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from proof_report import Verdict, info, skip, verdict
+from benchmarks.gpu_proof.report import Verdict, info, skip, verdict
 from utils.determinism.op_audit import audit_model
 from utils.torch_utils import temporary_determinism
 

@@ -1,7 +1,7 @@
 """Training throughput (images/s, data loading included) and peak memory per model.
 
-    python benchmarks/bench_train.py                       # yolov5n, ffca-yolo-n, ffca-yolo at 256, batch 16
-    python benchmarks/bench_train.py --models models/yolov5n.yaml --batches 20
+    python -m benchmarks.speed.bench_train                       # yolov5n, ffca-yolo-n, ffca-yolo at 256, batch 16
+    python -m benchmarks.speed.bench_train --models models/yolov5n.yaml --batches 20
 
 Each model runs in its own process so that peak memory is its own.
 """
@@ -12,13 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS = ["models/yolov5n.yaml", "models/ffca-yolo-n.yaml", "models/ffca-yolo.yaml"]
 
 
 def measure_one(args) -> dict:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from harness import peak_rss_gib, time_batches
+    from benchmarks.speed.harness import peak_rss_gib, time_batches
 
     seconds = time_batches(ROOT / args.one, args.imgsz, args.batch_size, args.workers, batches=args.batches,
                            device=args.device)
@@ -43,10 +42,10 @@ def main():
           f"median of {args.batches} batches")
     print(f"{'model':<28}{'images/s':>10}{'s/batch':>10}{'peak RSS GiB':>14}")
     for model in args.models:
-        cmd = [sys.executable, __file__, "--one", model, "--imgsz", str(args.imgsz), "--batch-size",
-               str(args.batch_size), "--workers", str(args.workers), "--batches", str(args.batches),
+        cmd = [sys.executable, "-m", "benchmarks.speed.bench_train", "--one", model, "--imgsz", str(args.imgsz),
+               "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--batches", str(args.batches),
                "--device", args.device]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         r = json.loads(out)
         print(f"{r['model']:<28}{r['images_per_s']:>10.2f}{r['s_per_batch']:>10.3f}{r['peak_rss_gib']:>14.2f}")
 

@@ -1,10 +1,11 @@
 """Forward + backward time of the FFCA modules (FEM, FFM_Concat2/3, SCAM, C3_Faster) at model sizes.
 
-    python benchmarks/bench_modules.py                                  # ffca-yolo-n, ffca-yolo at 160 px
-    python benchmarks/bench_modules.py --imgsz 256 --repeats 15
-    python benchmarks/bench_modules.py --baseline 57ecaac               # A/B against models/ffca.py at a commit
-    python benchmarks/bench_modules.py --whole --baseline 57ecaac       # whole models, same A/B
-    python benchmarks/bench_modules.py --whole --nc 4 --models ffca-yolo-n benchmarks/models/yolov5n-p2.yaml
+    python -m benchmarks.speed.bench_modules                                  # ffca-yolo-n, ffca-yolo at 160 px
+    python -m benchmarks.speed.bench_modules --imgsz 256 --repeats 15
+    python -m benchmarks.speed.bench_modules --baseline 57ecaac               # A/B against models/ffca.py at a commit
+    python -m benchmarks.speed.bench_modules --whole --baseline 57ecaac       # whole models, same A/B
+    python -m benchmarks.speed.bench_modules --whole --nc 4 --models ffca-yolo-n \\
+        benchmarks/accuracy/models/yolov5n-p2.yaml
 
 Every FFCA layer of each model is timed on the input shape it gets at ``--imgsz`` (batch
 ``--batch-size``), in training mode, one forward and one backward with a fixed upstream gradient.
@@ -20,7 +21,6 @@ import argparse
 import importlib.util
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from copy import deepcopy
@@ -28,13 +28,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from models import ffca
+from models.yolo import Model
 
-from models import ffca  # noqa: E402
-from models.yolo import Model  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 MODULE_TYPES = ("FEM", "FFM_Concat2", "FFM_Concat3", "SCAM", "C3_Faster")
 
 

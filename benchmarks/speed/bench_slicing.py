@@ -1,8 +1,8 @@
 """Sliced-inference throughput (tiles/s and images/s) against tile batch size, with the unsliced pass for scale.
 
-    python benchmarks/bench_slicing.py                                    # FFCA-YOLO-n, 4 images of 1536 px, CPU
-    python benchmarks/bench_slicing.py --cfg models/ffca-yolo.yaml --device 0 --batches 1 8 32
-    python benchmarks/bench_slicing.py --weights runs/train/exp/weights/best.pt
+    python -m benchmarks.speed.bench_slicing                                    # FFCA-YOLO-n, 4 images of 1536 px, CPU
+    python -m benchmarks.speed.bench_slicing --cfg models/ffca-yolo.yaml --device 0 --batches 1 8 32
+    python -m benchmarks.speed.bench_slicing --weights runs/train/exp/weights/best.pt
 
 Images are synthetic large shapes images (data/scripts/make_shapes.py, made in memory, seed 0).
 Each figure is the median of ``--runs`` timed passes over all images after one warm-up pass and
@@ -13,24 +13,21 @@ detect.py), mapping back, the full-image pass (unless --no-full-pass) and the me
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from models.experimental import attempt_load
+from models.yolo import Model
+from utils.augmentations import letterbox
+from utils.dataset.synthetic.shapes import make_image
+from utils.ops import non_max_suppression
+from utils.slicing import sliced_predictor, tile_grid
+from utils.torch_utils import select_device
 
-from models.experimental import attempt_load  # noqa: E402
-from models.yolo import Model  # noqa: E402
-from utils.augmentations import letterbox  # noqa: E402
-from utils.dataset.synthetic.shapes import make_image  # noqa: E402
-from utils.ops import non_max_suppression  # noqa: E402
-from utils.slicing import sliced_predictor, tile_grid  # noqa: E402
-from utils.torch_utils import select_device  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def large_images(n, size):

@@ -1,7 +1,7 @@
 """Start-up cost of the default determinism mode: ``off`` against ``scoped`` with a cold and a cached audit.
 
-    python benchmarks/startup_cost.py                       # yolov5n, 256 px, 3 rounds
-    python benchmarks/startup_cost.py --cfg models/ffca-yolo.yaml --rounds 5
+    python -m benchmarks.speed.startup_cost                       # yolov5n, 256 px, 3 rounds
+    python -m benchmarks.speed.startup_cost --cfg models/ffca-yolo.yaml --rounds 5
 
 Start-up is the wall time from launching ``python train.py ...`` to the first training batch:
 the child process runs train.py unchanged until its training loop would begin, writes the names
@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("off", "scoped cold", "scoped cached")
 
-# Runs train.py's own command line; when the training loop starts, it records sys.modules and exits.
+# Runs train.py's own command line (started in ROOT, so `import train` finds it); when the training loop
+# starts, it records sys.modules and exits.
 CHILD = """
 import json, os, sys
-sys.path.insert(0, {root!r})
 import train
 def stop_at_first_batch(loop):
     with open({modules!r}, "w") as f:
@@ -53,7 +53,7 @@ def start_up_seconds(argv: list, cache: str, modules_file: Path) -> tuple:
     The CPU time (user + system) counts only the child's own work, so it moves far less with the
     machine's load than the wall time does.
     """
-    program = CHILD.format(root=str(ROOT), modules=str(modules_file), argv=argv)
+    program = CHILD.format(modules=str(modules_file), argv=argv)
     env = {**os.environ, "FFCA_AUDIT_CACHE": cache}
     cpu, start = _children_cpu_seconds(), time.perf_counter()
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True)
