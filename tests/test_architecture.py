@@ -135,6 +135,7 @@ def hidden_imports(root: Path) -> dict:
         hits = file_path_loads(path.read_text(encoding="utf-8"))
         if hits:
             found[name] = hits
+    return found
 
 
 def sys_path_uses(folder: Path) -> list:
