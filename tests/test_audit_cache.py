@@ -65,6 +65,7 @@ def _key(cfg, **changes) -> dict:
     return audit_key(model, **{**KEY_SETTINGS, **changes})
 
 
+@pytest.mark.slow
 def test_key_changes_with_each_input(tiny_cfg, tmp_path, monkeypatch):
     base = _key(tiny_cfg)
     assert _key(tiny_cfg) == base  # the same inputs give the same key
@@ -158,6 +159,7 @@ def test_disabled_cache_always_audits(put_report, monkeypatch, tmp_path):
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_train_takes_the_cached_path_the_second_time_with_the_same_result(shapes_data, tiny_cfg, tmp_path,
                                                                           cache_folder):
     settings = dict(data=str(shapes_data), cfg=str(tiny_cfg), imgsz=64, batch_size=8, epochs=1, device="cpu",

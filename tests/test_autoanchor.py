@@ -79,6 +79,7 @@ def test_kmeans_finds_separated_clusters_and_repeats_under_seed():
     np.testing.assert_allclose(found, centres[nearest], atol=0.2)
 
 
+@pytest.mark.slow
 def test_kmean_anchors_deterministic_and_sorted():
     dataset = make_dataset(YOLOV5_P3_P5, n_images=400)  # 3,200 boxes
     first = kmean_anchors(dataset, n=9, img_size=640, gen=1000, seed=3, verbose=False)

@@ -5,6 +5,7 @@ import math
 import cv2
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from utils.plots import plot_band_pr, plot_results, results_panels
@@ -30,6 +31,7 @@ def test_band_columns_share_one_panel_per_family_and_empty_bands_are_left_out():
     assert panels[-1][1] == [("very tiny <8", "metrics/mAP50-95_very_tiny"), ("tiny 8-16", "metrics/mAP50-95_tiny")]
 
 
+@pytest.mark.slow
 def test_without_band_values_results_png_has_no_band_panel(tmp_path):
     frame = results_frame({})
     assert not any("by object size" in title for title, _ in results_panels(frame))
@@ -68,6 +70,7 @@ def test_dataset_figure_has_size_bands_objects_per_image_and_classes():
     assert [p.get_width() for p in classes.patches] == [2, 2]
 
 
+@pytest.mark.slow
 def test_val_plot_bands_flag_writes_the_band_pr_plot(shapes_data, tiny_cfg, tmp_path):
     import val
     from tests.test_val_detect import _confident_model, _write_checkpoint

@@ -360,6 +360,7 @@ def test_vedai_bad_options(tmp_path):
 
 
 # ----------------------------------------------------------------------------- command line
+@pytest.mark.slow
 def test_cli_prints_summary_and_one_error_line(tmp_path):
     src = make_dota(tmp_path / "src")
     script = ROOT / "data" / "scripts" / "convert.py"

@@ -36,6 +36,7 @@ def pickled_model_checkpoint(cfg, path, names=("a", "b")):
     return model
 
 
+@pytest.mark.slow
 def test_converted_model_computes_what_the_pickled_model_computes(tiny_cfg, tmp_path):
     src, dst = tmp_path / "upstream.pt", tmp_path / "converted.pt"
     model = pickled_model_checkpoint(tiny_cfg, src)
@@ -48,6 +49,7 @@ def test_converted_model_computes_what_the_pickled_model_computes(tiny_cfg, tmp_
     assert (converted(x)[0] - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
+@pytest.mark.slow
 def test_payload_never_runs(tiny_cfg, tmp_path, hostile_pickle):
     payload, marker = hostile_pickle
     src = tmp_path / "evil.pt"
@@ -64,6 +66,7 @@ def test_payload_never_runs(tiny_cfg, tmp_path, hostile_pickle):
     assert marker.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["top level", "layer row"])
 def test_payload_inside_the_model_yaml_is_refused(tiny_cfg, tmp_path, hostile_pickle, capsys, where):
     """A model YAML dict holding a pickled object (not plain YAML data): one line, exit 2, nothing runs or is
@@ -87,6 +90,7 @@ def test_payload_inside_the_model_yaml_is_refused(tiny_cfg, tmp_path, hostile_pi
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_ffm_pickled_by_this_project_keeps_the_fixed_arithmetic(tiny_cfg, tmp_path, log_lines):
     src = tmp_path / "ffm.pt"
     torch.manual_seed(0)
@@ -196,6 +200,7 @@ def authors_checkpoint(cfg, path, ffm_weights, monkeypatch):
 
 @pytest.mark.parametrize("ffm_weights", [lambda n: torch.full((n,), 1.7), lambda n: torch.rand(n) * 1.8 + 0.2],
                          ids=["equal", "unequal"])
+@pytest.mark.slow
 def test_authors_checkpoint_converts_to_the_authors_outputs(ffm_weights, tiny_cfg, tmp_path, monkeypatch, log_lines):
     src, dst = tmp_path / "authors.pt", tmp_path / "converted.pt"
     authors = authors_checkpoint(tiny_cfg, src, ffm_weights, monkeypatch)
@@ -224,6 +229,7 @@ def test_authors_checkpoint_converts_to_the_authors_outputs(ffm_weights, tiny_cf
         assert (finetuned.eval()(x)[0] - ref).abs().max() <= 1e-5 * ref.abs().max()  # train.py --weights
 
 
+@pytest.mark.slow
 def test_fixed_ffm_option_keeps_the_weights_and_switches_every_ffm_row(tiny_cfg, tmp_path, monkeypatch, log_lines):
     """--fixed-ffm: the same tensors, FFM rows [1, fixed], the switch logged and recorded; outputs then differ."""
     src = tmp_path / "authors.pt"

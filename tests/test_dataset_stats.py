@@ -65,6 +65,7 @@ def test_cli_prints_report_and_writes_plot(tmp_path):
     assert image is not None and image.shape[1] > 600
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_error_line(tmp_path):
     with pytest.raises(UserError, match="--imgsz"):
         dataset_report(write_yolo_set(tmp_path), imgsz=0)

@@ -78,6 +78,7 @@ def test_unknown_option_is_a_user_error(tiny_pt, image_path):
         Detector(tiny_pt, **OPTIONS)(image_path, confidence=0.5)
 
 
+@pytest.mark.slow
 def test_torch_hub_custom_loads_a_local_checkpoint(tiny_pt, image_path):
     detector = torch.hub.load(str(ROOT), "custom", path=str(tiny_pt), source="local", **OPTIONS)
     assert isinstance(detector, Detector)

@@ -436,6 +436,7 @@ class IndexPutSizes(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+@pytest.mark.slow
 def test_whole_step_audit_of_a_yolo_model(tiny_cfg):
     """The loss runs on crowded targets (the parallel index_put_ path), the model is left untouched."""
     from models.yolo import Model

@@ -111,6 +111,7 @@ def test_continuing_run_appends_and_checks_columns(tmp_path):
         read_evolve_csv(path)
 
 
+@pytest.mark.slow
 def test_plot_evolve_writes_png(tmp_path):
     path = tmp_path / "evolve.csv"
     few = [({"lr0": 0.01 + 0.001 * i, "mosaic": 1.0 - 0.1 * i, "scale": 0.5}, 0.5, 0.3 + 0.01 * i) for i in range(4)]

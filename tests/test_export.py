@@ -54,6 +54,7 @@ def openvino_rt_metadata(xml):
     return {key: json.loads(model.get_rt_info([OPENVINO_METADATA, key]).astype(str)) for key in export.METADATA_KEYS}
 
 
+@pytest.mark.slow
 def test_export_writes_checked_files_with_metadata(dynamic_exports, tiny_pt):
     onnx_path, ts_path, ov_path = dynamic_exports
     assert onnx_path.suffix == ".onnx" and ts_path.suffix == ".torchscript"
@@ -76,6 +77,7 @@ def test_export_writes_checked_files_with_metadata(dynamic_exports, tiny_pt):
         assert (out - ref).abs().max() < 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "openvino"])
 def test_static_export_pads_smaller_inputs_and_rejects_larger(tiny_pt, tmp_path, fmt):
     pt = tmp_path / "static.pt"
@@ -91,6 +93,7 @@ def test_static_export_pads_smaller_inputs_and_rejects_larger(tiny_pt, tmp_path,
         backend(torch.rand(1, 3, 96, 64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt, previous", [("onnx", "m.onnx"), ("openvino", "m_openvino_model/m.xml")])
 def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch, fmt, previous):
     pt = tmp_path / "m.pt"
@@ -106,6 +109,7 @@ def test_failed_check_keeps_the_previous_file(tiny_pt, tmp_path, monkeypatch, fm
         {"m.pt", previous, str(Path(previous).parent)} - {"."})  # nothing added, nothing left behind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, reason", [("full_disk", "No space left"), ("read_only", "Read-only")])
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx", "openvino"])
 def test_unwritable_output_folder_exits_2_with_one_line(request, tiny_pt, tmp_path, capsys, fault, reason, fmt):
@@ -170,6 +174,7 @@ def one_line_user_error(fn, *args):
     return str(e.value)
 
 
+@pytest.mark.slow
 def test_openvino_folder_without_model_unreadable_or_without_metadata(dynamic_exports, tmp_path):
     folder = tmp_path / "empty_openvino_model"
     folder.mkdir()
@@ -194,6 +199,7 @@ def test_missing_openvino_package_is_one_line(dynamic_exports, tiny_pt, monkeypa
     assert e.value.code == 2 and err == "ERROR: --include openvino needs openvino; pip install openvino"
 
 
+@pytest.mark.slow
 def test_openvino_on_a_cuda_device_warns_and_runs_on_cpu(dynamic_exports, tiny_pt, log_lines):
     backend = load_backend(dynamic_exports[2], device="cuda:0")
     x = torch.rand(1, 3, 64, 64)
@@ -210,6 +216,7 @@ def saved_predictions(run_dir):
     return out
 
 
+@pytest.mark.slow
 def test_val_exported_models_and_pytorch_agree(dynamic_exports, tiny_pt, shapes_data, tmp_path):
     results, predictions = {}, {}
     for weights in (tiny_pt, *dynamic_exports):
@@ -236,6 +243,7 @@ def static_exports(tiny_pt, tmp_path_factory):
                     export.run(pt, imgsz=[64], include=["onnx", "torchscript", "openvino"])))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript", "openvino"])
 def test_val_runs_a_static_export_at_its_own_size_on_square_batches(static_exports, tiny_pt, shapes_data, tmp_path,
                                                                     fmt):
@@ -271,6 +279,7 @@ def read_csv_boxes(run_dir):
     return sorted((r["image"], int(r["class"]), *(float(r[k]) for k in ("x1", "y1", "x2", "y2"))) for r in rows)
 
 
+@pytest.mark.slow
 def test_detect_exported_models_write_the_same_boxes(dynamic_exports, tiny_pt, shapes_data, tmp_path):
     source = shapes_data.parent / "shapes" / "images" / "val"
     runs = {}
@@ -295,6 +304,7 @@ def test_pytorch_backend_keeps_checkpoint_metadata(tiny_pt):
         load_backend([tiny_pt, tiny_pt.with_suffix(".onnx")])
 
 
+@pytest.mark.slow
 def test_authors_ffm_arithmetic_survives_export(tiny_cfg, tmp_path):
     """FFM rows with the 'authors' arithmetic (converted FFCA-YOLO checkpoints) export and compute the same."""
     from utils.files import yaml_load

@@ -121,6 +121,7 @@ WRITE_ENTRIES = ["train.py", "val.py", "detect.py", "export.py", "convert_checkp
                  "slice_dataset.py", "dataset_stats"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, reason", FAULTS)
 @pytest.mark.parametrize("entry", WRITE_ENTRIES)
 def test_unwritable_output(request, case, capsys, entry, fault, reason):
@@ -142,6 +143,7 @@ def _hostile_checkpoint(path, payload, tiny_cfg):
 
 @pytest.mark.parametrize("entry", ["train.py --weights", "train.py --resume", "val.py", "detect.py", "export.py",
                                    "convert_checkpoint.py"])
+@pytest.mark.slow
 def test_hostile_pickle_never_runs(entry, hostile_pickle, tmp_path, tiny_cfg, shapes_data, capsys, monkeypatch):
     payload, marker = hostile_pickle
     evil = tmp_path / "evil.pt"

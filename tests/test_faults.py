@@ -317,6 +317,7 @@ with GracefulInterrupt(describe_saved=lambda: "On disk: the old target.") as g:
 """
 
 
+@pytest.mark.slow
 def test_second_signal_within_one_long_op_abandons_the_write_and_exits_at_once(tmp_path):
     target = tmp_path / "last.pt"
     target.write_bytes(b"old complete content")

@@ -111,6 +111,7 @@ def self_labelled_set(model: Model, root: Path) -> Path:
     return data_yaml
 
 
+@pytest.mark.slow
 def test_val_of_a_converted_checkpoint_matches_the_model_in_memory(tmp_path):
     model = authors_model(seed=1)
     data_yaml = self_labelled_set(model, tmp_path / "data")

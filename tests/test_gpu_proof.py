@@ -151,6 +151,7 @@ def test_a_proof_cut_by_its_budget_is_incomplete_and_exits_1(tmp_path, monkeypat
     assert code == 1 and record["complete"] is False and record["budget_skips"] == 1
 
 
+@pytest.mark.slow
 def test_the_same_workdir_twice_runs_twice(tmp_path, monkeypatch):
     """Finding 4: a second run in the same --workdir crashed with FileExistsError while generating data."""
     from benchmarks.gpu_proof import proof as gpu_proof
@@ -250,6 +251,7 @@ def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
         assert "vs off" not in rows[mode].detail
 
 
+@pytest.mark.slow
 def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_path):
     """Finding 9: the watcher polled last.pt and could SIGKILL a run that had already finished.
 

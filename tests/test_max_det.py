@@ -88,6 +88,7 @@ def trained_tiny(tiny_cfg, tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_validation_uses_the_data_yaml_max_det(trained_tiny, shapes_data, tmp_path, monkeypatch):
     seen = []
     real_nms = val.non_max_suppression

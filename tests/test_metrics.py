@@ -109,6 +109,7 @@ def test_compute_ap_matches_hand_envelope():
     assert ap == pytest.approx((51 + 50 * 0.8) / 101)
 
 
+@pytest.mark.slow
 def test_confusion_matrix_counts(tmp_path):
     cm = ConfusionMatrix(nc=2, conf=0.25, iou_thres=0.45)
     labels = torch.tensor([[0.0, 0, 0, 10, 10], [1.0, 50, 50, 60, 60], [1.0, 100, 100, 110, 110]])
@@ -135,6 +136,7 @@ def test_fitness_weights():
     assert fitness(rows).tolist() == pytest.approx([0.05 + 0.27, 0.1])
 
 
+@pytest.mark.slow
 def test_ap_curves_are_data_and_plots_draw_them(tmp_path):
     from utils.plots import plot_ap_curves
     tp = np.array([[True] * 10, [False] * 10])
@@ -146,6 +148,7 @@ def test_ap_curves_are_data_and_plots_draw_them(tmp_path):
         assert (tmp_path / f"val_{name}").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_plot_results_and_labels(tmp_path):
     from utils.plots import plot_labels, plot_results
     csv = tmp_path / "results.csv"

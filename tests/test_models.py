@@ -106,6 +106,7 @@ def tiny_dict() -> dict:
     ("ffca-yolo", 2, 7_135_209),
     ("l-ffca-yolo", 2, 5_055_561),
 ])
+@pytest.mark.slow
 def test_parameter_counts_match_published_models(name, nc, expected):
     assert n_params(built(name, nc)) == expected
 
@@ -117,6 +118,7 @@ def test_ffca_gflops_at_640(name, gflops):
     assert measured == pytest.approx(gflops, abs=0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_yaml_forward_shapes(name):
     model = built(name)
@@ -253,6 +255,7 @@ def test_build_does_not_touch_rng_or_bn_statistics():
     assert model.training
 
 
+@pytest.mark.slow
 def test_fused_model_matches_unfused():
     torch.manual_seed(0)
     for model in (Model(TINY), deepcopy(built("ffca-yolo-n"))):
@@ -299,6 +302,7 @@ def test_layer_table_lists_every_layer():
     assert int(lines[22].split()[3]) == n_params(model.model[21])
 
 
+@pytest.mark.slow
 def test_cli_script_prints_table_and_summary():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ok = subprocess.run([sys.executable, "models/yolo.py", "--cfg", str(TINY), "--imgsz", "128"],
@@ -370,6 +374,7 @@ def test_strings_are_never_evaluated(name):
     ("head", 2, [[-1, 5], 1, "FFM_Concat2", [2]], "dimension must be 1"),
     ("head", 2, [[-1, 5], 1, "FFM_Concat2", [1, "author"]], "arithmetic must be one of ('fixed', 'authors')"),
 ])
+@pytest.mark.slow
 def test_malformed_rows_name_row_and_value(section, index, row, fragment):
     cfg = tiny_dict()
     cfg[section][index] = row

@@ -75,6 +75,7 @@ def test_detect_images_sharing_a_stem_get_their_own_label_files(tiny_model, tmp_
     assert all(len((save_dir / "labels" / n).read_text().splitlines()) == 3 for n in labels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, reason", [("full_disk", "No space left"), ("read_only", "Read-only")])
 @pytest.mark.parametrize("outputs", [["--save-txt", "--nosave"], []])
 @pytest.mark.parametrize("where", ["project", "run folder"])

@@ -5,10 +5,11 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import ROOT, _load_shapes_generator
+from tests.conftest import ROOT
 from utils.augmentations import (PASTE_FEATHER_PX, PASTE_SMALL_PX, _warp_targets, box_candidates, mosaic,
                                  paste_small_objects, random_perspective)
 from utils.dataloaders import LoadImagesAndLabels
+from utils.dataset.synthetic.shapes import make_shapes
 from utils.errors import UserError
 
 SCRATCH_LOW = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.scratch-low.yaml").read_text())
@@ -145,7 +146,7 @@ def test_paste_gives_up_when_no_spot_is_free():
 def tiny_set(tmp_path_factory):
     """Six 128-px images with 20-30 objects of 2-8 px each."""
     root = tmp_path_factory.mktemp("tiny") / "set"
-    _load_shapes_generator()(root, n_train=6, n_val=1, seed=3, size=128, sides=(2, 8), objects=(20, 30))
+    make_shapes(root, n_train=6, n_val=1, seed=3, size=128, sides=(2, 8), objects=(20, 30))
     return str(root / "images" / "train")
 
 
@@ -199,6 +200,7 @@ def test_dataset_copy_paste_is_seeded_per_sample_and_leaves_other_draws_alone(ti
     assert pasted_any
 
 
+@pytest.mark.slow
 def test_copy_paste_batches_are_identical_for_workers_0_and_2(tiny_set):
     from utils.dataloaders import create_dataloader
 

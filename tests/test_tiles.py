@@ -239,6 +239,7 @@ def _same(a, b):
                                     for (ia, ta, pa), (ib, tb, pb) in zip(a, b))
 
 
+@pytest.mark.slow
 def test_tile_batches_are_identical_for_workers_0_and_2_over_twoepoch_batches(tmp_path):
     images = make_large_dataset(tmp_path, n=10)
     kwargs = dict(hyp=HYP, augment=True, shuffle=True, seed=3, train_tiles=64)

@@ -95,6 +95,7 @@ def test_missing_package_stops_train_py_before_any_folder(shapes_data, tiny_cfg,
     assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()
 
 
+@pytest.mark.slow
 def test_tracker_records_params_tags_metrics_and_artifacts(tmp_path, store):
     run_dir = fake_run_folder(tmp_path / "proj" / "exp")
     with start_tracking(Namespace(logger=["mlflow"], resume=False), run_dir, is_main=True) as trackers:
@@ -153,6 +154,7 @@ def test_resume_from_an_older_checkpoint_starts_a_new_run_instead_of_repeating_s
     assert "already holds epoch 1 or later" in "\n".join(log_lines)
 
 
+@pytest.mark.slow
 def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, monkeypatch, log_lines):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # discard port: nothing listens
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -60,6 +60,7 @@ def loaded(trained):
     return attempt_load(trained[1], device="cpu")
 
 
+@pytest.mark.slow
 def test_attempt_load_rebuilds_fuses_and_matches(trained, loaded):
     model, weights = trained
     assert loaded.names == NAMES
@@ -73,6 +74,7 @@ def test_attempt_load_rebuilds_fuses_and_matches(trained, loaded):
     assert any(isinstance(m, nn.BatchNorm2d) for m in unfused.modules())
 
 
+@pytest.mark.slow
 def test_attempt_load_prefers_ema_and_builds_ensembles(trained, loaded, tmp_path):
     model, weights = trained
     ema_state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -347,6 +349,7 @@ def _labels(folder):
     return {f.name: np.loadtxt(f, ndmin=2) for f in sorted((folder / "labels").glob("*.txt"))}
 
 
+@pytest.mark.slow
 def test_detect_batches_give_the_same_detections_as_one_at_a_time(trained, tmp_path):
     _, weights = trained
     source = tmp_path / "media"

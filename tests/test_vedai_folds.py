@@ -116,6 +116,7 @@ def test_bad_fold_options(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_convert_cli_bad_fold_count_is_one_error_line(tmp_path):
     src = make_fake_vedai(tmp_path / "src")
     proc = subprocess.run([sys.executable, str(ROOT / "data" / "scripts" / "convert.py"), "vedai", "--src", str(src),
@@ -165,6 +166,7 @@ def fold_data(tmp_path_factory) -> Path:
     (["--fold", "x"], "ERROR: argument --fold: invalid int value: 'x'; see vedai_folds.py --help"),
     (["--", "--data", "x.yaml"], "ERROR: --data after '--': set for each fold by vedai_folds.py"),
 ])
+@pytest.mark.slow
 def test_loop_bad_fold_numbers_exit_2_with_one_line(fold_data, tmp_path, args, message):
     proc = subprocess.run([sys.executable, str(ROOT / "data" / "scripts" / "vedai_folds.py"), "--root", str(fold_data),
                            "--project", str(tmp_path / "runs"), *args], capture_output=True, text=True, cwd=tmp_path)

@@ -88,6 +88,7 @@ def test_set_overrides_are_typed_and_written_over_the_base_hyp(tmp_path):
     assert very_tiny.run_label({}) == "base"
 
 
+@pytest.mark.slow
 def test_one_epoch_smoke_on_a_64px_mini_suite(tmp_path, tiny_cfg):
     """The suite's own jobs, trained in this process with the test model: a table row per seed."""
     from benchmarks.accuracy.matrix import train_one
@@ -125,6 +126,7 @@ def test_table_shows_both_bands_and_the_summary_gives_the_seed_spread():
     assert "AP50-95 <8 px 0.0600 (0.0500-0.0700)" in summary
 
 
+@pytest.mark.slow
 def test_cli_reports_an_unknown_key_without_a_traceback():
     out = subprocess.run([sys.executable, "-m", "benchmarks.accuracy.very_tiny", "--set", "nwdd=0.5"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
