@@ -32,7 +32,7 @@ from models.backends import InferenceBackend, PyTorchBackend, load_backend  # no
 from models.experimental import tta_forward  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
-from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
@@ -371,12 +371,7 @@ def report(dt, seen, shape, save_dir, n_labels, nosave):
     if seen == 0:
         LOGGER.warning("no frames were read from --source")
         return
-    per_image = tuple(x / seen * 1e3 for x in dt)
-    LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape "
-                f"{shape}" % per_image)
-    if n_labels is not None or not nosave:
-        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if n_labels is not None else ""
-        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
+    log_speed_and_outputs([x / seen * 1e3 for x in dt], shape, save_dir, n_labels, saved=not nosave)
 
 
 DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness"),

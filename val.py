@@ -31,7 +31,7 @@ from utils.dataset.data_config import check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path  # noqa: E402
-from utils.logging import LOGGER, colorstr  # noqa: E402
+from utils.logging import LOGGER, colorstr, log_speed_and_outputs  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, yolo_label_lines  # noqa: E402
@@ -179,7 +179,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         coco = save_and_evaluate(record.jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights, max_det)
     map_, map50 = coco if coco is not None else (map_, map50)
     if not training:
-        _report_standalone(times, (batch_size, 3, imgsz, imgsz), save_dir, save_txt)
+        n_labels = len(list(save_dir.glob("labels/*.txt"))) if save_txt else None
+        log_speed_and_outputs(times, (batch_size, 3, imgsz, imgsz), save_dir, n_labels)
     return ValResult(mp, mr, map50, map_, *(loss.cpu() / max(len(dataloader), 1)).tolist(), maps=maps, times=times,
                      bands=bands)
 
@@ -318,14 +319,6 @@ def _original_pixels(pred, letterbox_shape, shape_info, single_cls: bool):
         predn[:, 5] = 0
     scale_boxes(letterbox_shape, predn[:, :4], shape_info[0], shape_info[1])
     return predn
-
-
-def _report_standalone(times, shape, save_dir, save_txt: bool) -> None:
-    """Speed per image and where the results went (command-line validation only)."""
-    LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape {shape}" % times)
-    n_labels = len(list(save_dir.glob("labels/*.txt")))
-    written = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if save_txt else ""
-    LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{written}")
 
 
 def _image_stats(pred, labels, letterbox_shape, shape_info, single_cls, plots, confusion_matrix, band_stats=None):

@@ -46,3 +46,14 @@ def colorstr(*args) -> str:
     if not sys.stdout.isatty():
         return str(text)
     return "".join(_COLOURS[s] for s in styles) + f"{text}" + _COLOURS["end"]
+
+
+def log_speed_and_outputs(per_image_ms, shape, save_dir, n_labels=None, saved=True) -> None:
+    """Log val's and detect's closing lines: per-image ms (pre-process, inference, NMS) at batch ``shape``,
+    then where results went. ``n_labels``: label files written (None: no --save-txt); ``saved``: whether
+    anything else was written to ``save_dir``."""
+    LOGGER.info(f"Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape {shape}"
+                % tuple(per_image_ms))
+    if n_labels is not None or saved:
+        labels = f"\n{n_labels} labels saved to {save_dir / 'labels'}" if n_labels is not None else ""
+        LOGGER.info(f"Results saved to {colorstr('bold', save_dir)}{labels}")
