@@ -15,16 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from utils.dataset.synthetic.cli import add_split_arguments, build_and_report  # noqa: E402
+from utils.dataset.synthetic.cli import add_size_arguments, add_split_arguments, build_and_report  # noqa: E402
 from utils.dataset.synthetic.glyphs import DEFAULT_ROOT, IMG_SIZE, MAX_SIDE, MIN_SIDE, make_glyphs  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_split_arguments(parser, DEFAULT_ROOT, 256, 64)
-    parser.add_argument("--img-size", type=int, default=IMG_SIZE, help="image side in pixels")
-    parser.add_argument("--min-side", type=float, default=MIN_SIDE, help="smallest glyph side in pixels")
-    parser.add_argument("--max-side", type=float, default=MAX_SIDE, help="largest glyph side in pixels")
+    add_size_arguments(parser, IMG_SIZE, MIN_SIDE, MAX_SIDE, "glyph")
     args = parser.parse_args(argv)
     if not 4 <= args.min_side <= args.max_side < args.img_size / 3:
         print(f"ERROR: --min-side {args.min_side} / --max-side {args.max_side}: need 4 <= min-side <= max-side "

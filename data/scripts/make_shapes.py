@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from utils.dataset.synthetic.cli import add_split_arguments, build_and_report  # noqa: E402
+from utils.dataset.synthetic.cli import add_size_arguments, add_split_arguments, build_and_report  # noqa: E402
 from utils.dataset.synthetic.shapes import (DEFAULT_ROOT, IMG_SIZE, MAX_SIDE, MIN_SIDE, OBJECTS_PER_IMAGE,  # noqa: E402
                                             make_shapes)
 
@@ -27,9 +27,7 @@ from utils.dataset.synthetic.shapes import (DEFAULT_ROOT, IMG_SIZE, MAX_SIDE, MI
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_split_arguments(parser, DEFAULT_ROOT, 400, 100)
-    parser.add_argument("--img-size", type=int, default=IMG_SIZE, help="image side in pixels")
-    parser.add_argument("--min-side", type=float, default=MIN_SIDE, help="smallest object side in pixels")
-    parser.add_argument("--max-side", type=float, default=MAX_SIDE, help="largest object side in pixels")
+    add_size_arguments(parser, IMG_SIZE, MIN_SIDE, MAX_SIDE)
     parser.add_argument("--objects", type=int, nargs=2, default=OBJECTS_PER_IMAGE, metavar=("MIN", "MAX"),
                         help="objects per image")
     args = parser.parse_args(argv)

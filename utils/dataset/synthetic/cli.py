@@ -14,6 +14,13 @@ def add_split_arguments(parser, root: Path, n_train: int, n_val: int) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same data set)")
 
 
+def add_size_arguments(parser, img_size: int, min_side: float, max_side: float, noun: str = "object") -> None:
+    """Image side and the object side range, for generators whose object sizes are free."""
+    parser.add_argument("--img-size", type=int, default=img_size, help="image side in pixels")
+    parser.add_argument("--min-side", type=float, default=min_side, help=f"smallest {noun} side in pixels")
+    parser.add_argument("--max-side", type=float, default=max_side, help=f"largest {noun} side in pixels")
+
+
 def build_and_report(build, args, written="and") -> int:
     """Run ``build()`` (returns the data YAML, or the folder with ``written="to"``), print what was written;
     an existing folder is one ERROR line, exit 2."""
