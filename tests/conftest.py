@@ -40,6 +40,18 @@ def tiny_cfg() -> Path:
     return TINY_CFG
 
 
+@pytest.fixture(scope="module")
+def base_model():
+    """The loss tests' tiny two-level model (tests/support/loss_inputs.py), seed 0; deep-copy it before training."""
+    import copy
+
+    from models.yolo import Model
+    from tests.support.loss_inputs import TINY_CFG as LOSS_CFG
+
+    torch.manual_seed(0)
+    return Model(copy.deepcopy(LOSS_CFG))
+
+
 @pytest.fixture(autouse=True)
 def restore_global_determinism():
     """Each test starts and ends with PyTorch's global determinism switches as they were."""

@@ -169,6 +169,27 @@ def benchmark_file_paths(folder: Path) -> list:
     return found
 
 
+def imports_of_test_modules(folder: Path) -> list:
+    """``'file:line -> tests.test_x'`` for every import, anywhere in a .py file under ``folder`` (the tests/
+    package), of a test module: shared helpers belong in tests/support/, never in another test file."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        package = [folder.name, *path.parent.relative_to(folder).parts]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package[:len(package) - (node.level - 1)], *([base] if base else [])])
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            hits = sorted({".".join(n.split(".")[:2]) for n in names if re.fullmatch(r"tests\.test_\w+(\..*)?", n)})
+            found.extend(f"{path.relative_to(folder)}:{node.lineno} -> {hit}" for hit in hits)
+    return found
+
+
 # ----------------------------------------------------------------------------- the checker itself
 
 
@@ -254,6 +275,19 @@ def test_benchmark_checks_flag_a_path_edit_and_a_file_path_launch(tmp_path):
     assert benchmark_file_paths(tmp_path) == ["test_b.py:2"]
 
 
+def test_checker_flags_a_planted_import_of_one_test_module_by_another(tmp_path):
+    tests = tmp_path / "tests"
+    (tests / "support").mkdir(parents=True)
+    (tests / "test_a.py").write_text("import tests.test_b\nfrom tests.support.runs import train_run\n\n\n"
+                                     "def test_x():\n    from tests.test_c import helper\n")
+    (tests / "test_d.py").write_text("from . import test_a, support\nfrom .test_b import thing\n"
+                                     "from tests import test_e\nimport tests.testing_tools\n")
+    (tests / "support" / "runs.py").write_text("from ..test_f import x\nfrom tests.support import other\n")
+    assert imports_of_test_modules(tests) == [
+        "support/runs.py:1 -> tests.test_f", "test_a.py:1 -> tests.test_b", "test_a.py:6 -> tests.test_c",
+        "test_d.py:1 -> tests.test_a", "test_d.py:2 -> tests.test_b", "test_d.py:3 -> tests.test_e"]
+
+
 # ----------------------------------------------------------------------------- the project
 
 
@@ -287,3 +321,7 @@ def test_benchmarks_are_a_package_without_path_edits():
 
 def test_tests_reach_benchmarks_by_module_name():
     assert benchmark_file_paths(ROOT / "tests") == []
+
+
+def test_no_test_file_imports_another_test_file():
+    assert imports_of_test_modules(ROOT / "tests") == []

@@ -73,9 +73,9 @@ def test_dataset_figure_has_size_bands_objects_per_image_and_classes():
 @pytest.mark.slow
 def test_val_plot_bands_flag_writes_the_band_pr_plot(shapes_data, tiny_cfg, tmp_path):
     import val
-    from tests.test_val_detect import _confident_model, _write_checkpoint
+    from tests.support.checkpoints import confident_model, write_checkpoint
 
-    weights = _write_checkpoint(_confident_model(tiny_cfg), tmp_path / "tiny.pt")
+    weights = write_checkpoint(confident_model(tiny_cfg), tmp_path / "tiny.pt")
     common = ["--weights", str(weights), "--data", str(shapes_data), "--imgsz", "64", "--device", "cpu",
               "--workers", "0", "--project", str(tmp_path)]
     assert val.parse_opt(common).plot_bands is False  # opt-in

@@ -1,12 +1,12 @@
 """Multi-process training through torchrun with the gloo backend on CPU (what NCCL does on GPUs)."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.launchers import launcher_env
 from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,12 +20,6 @@ def torchrun(nproc: int, *args, timeout: int = 400) -> subprocess.CompletedProce
            "train.py", *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=launcher_env())
-
-
-def launcher_env() -> dict:
-    """This environment minus any DDP variables of an outer launcher, one thread per rank."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1"}
 
 
 def total_train_loss(row: dict) -> float:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
-from tests.test_ddp import launcher_env
+from tests.support.launchers import launcher_env
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "1", "--device", "cpu", "--workers", "0",

@@ -11,7 +11,7 @@ from PIL import Image
 import detect
 from models import Detector, Detections
 from tests.conftest import ROOT
-from tests.test_export import write_tiny_checkpoint
+from tests.support.checkpoints import write_tiny_checkpoint
 from utils.errors import UserError
 
 OPTIONS = {"imgsz": 64, "conf": 0.1, "iou": 0.45}

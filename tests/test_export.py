@@ -18,25 +18,11 @@ from models.backends import (OPENVINO_METADATA, OnnxBackend, OpenVinoBackend, Py
                              load_backend)
 from models.experimental import attempt_load
 from models.yolo import Model
+from tests.support.checkpoints import NAMES, write_tiny_checkpoint
 from utils.dataloaders import create_dataloader
 from utils.dataset.data_config import check_dataset
 from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
-
-NAMES = ["circle", "square", "triangle", "cross"]
-
-
-def write_tiny_checkpoint(cfg, path, seed=0):
-    """A tiny-model checkpoint with 4 classes whose detection head predicts many boxes (so mAP is not 0)."""
-    torch.manual_seed(seed)
-    model = Model(cfg, nc=len(NAMES))
-    with torch.no_grad():
-        for conv in model.model[-1].m:
-            conv.bias.view(model.model[-1].na, -1)[:, 4] += 8.0  # objectness up: boxes everywhere
-    save_checkpoint({"model_cfg": model.yaml, "nc": len(NAMES), "names": NAMES, "model": model.state_dict(),
-                     "ema": None}, path)
-    return path
-
 
 @pytest.fixture(scope="module")
 def tiny_pt(tmp_path_factory, tiny_cfg):

@@ -80,7 +80,7 @@ def test_resolve_nwd_constant_sets_records_and_keeps(tmp_path):
 
 
 def test_determinism_audit_runs_a_loss_with_nwd_before_c_is_known():
-    from tests.test_loss import HYP, TINY_CFG
+    from tests.support.loss_inputs import HYP, TINY_CFG
     from models.yolo import Model
 
     model = Model(dict(TINY_CFG))

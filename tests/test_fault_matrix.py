@@ -102,7 +102,7 @@ def case(tmp_path, tiny_weights, tiny_cfg, shapes_data):
             torch.save({"model": Model(str(tiny_cfg), nc=4).half(), "ema": None}, src)
             return convert_checkpoint.main, [str(src), str(disk / "converted.pt")], disk, ()
         if entry == "convert.py":
-            from tests.test_convert import make_visdrone
+            from tests.support.converter_sources import make_visdrone
 
             return convert_cli, ["visdrone", "--src", str(make_visdrone(tmp_path / "src")), "--out",
                                  str(disk / "VisDrone")], disk, ()

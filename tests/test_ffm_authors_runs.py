@@ -14,18 +14,13 @@ import train
 import val
 from models.backends import load_backend
 from models.yolo import Model
+from tests.support.authors_ffm import AUTHORS_CFG, ffm_arithmetic
 from tests.support.run_outputs import results_rows
 from utils.dataset.data_config import check_dataset
 from utils.training.checkpoints import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-AUTHORS_CFG = ROOT / "tests" / "models" / "tiny_authors.yaml"
 NAMES = ["circle", "square", "triangle", "cross"]
-
-
-def ffm_arithmetic(cfg: dict) -> list:
-    """The ``arithmetic`` argument of each FFM row of a model YAML dict (None when the row has none)."""
-    return [(row[3][1:] or [None])[0] for row in cfg["head"] if str(row[2]).startswith("FFM")]
 
 
 def authors_model(seed: int = 0) -> Model:

@@ -4,7 +4,7 @@ import torch
 
 from benchmarks.accuracy.ffm_switch import recovery_epoch, report, switch_to_fixed
 from models.yolo import Model
-from tests.test_ffm_authors_runs import AUTHORS_CFG, ffm_arithmetic
+from tests.support.authors_ffm import AUTHORS_CFG, ffm_arithmetic
 from utils.training.checkpoints import load_checkpoint, save_checkpoint
 
 

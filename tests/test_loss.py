@@ -6,24 +6,9 @@ import pytest
 import torch
 
 from models.yolo import Model
+from tests.support.loss_inputs import HYP, TINY_CFG, sample_images, sample_targets
 from utils.errors import UserError
 from utils.loss import ComputeLoss, FocalLoss, objectness_balance, smooth_BCE
-
-TINY_CFG = {
-    "nc": 2, "depth_multiple": 0.33, "width_multiple": 0.125,
-    "anchors": [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119]],
-    "backbone": [[-1, 1, "Conv", [32, 3, 2]], [-1, 1, "Conv", [64, 3, 2]], [-1, 1, "C3", [64]],
-                 [-1, 1, "Conv", [128, 3, 2]], [-1, 1, "C3", [128]], [-1, 1, "Conv", [128, 3, 2]],
-                 [-1, 1, "SPPF", [128, 5]]],
-    "head": [[[4, 6], 1, "Detect", ["nc", "anchors"]]],
-}
-HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
-
-
-@pytest.fixture(scope="module")
-def base_model():
-    torch.manual_seed(0)
-    return Model(copy.deepcopy(TINY_CFG))
 
 
 @pytest.fixture
@@ -33,20 +18,8 @@ def model(base_model):
     return m
 
 
-def _targets():
-    # [image, cls, x, y, w, h] normalised; sizes near the anchors of both levels
-    return torch.tensor([[0, 0, 0.30, 0.30, 0.20, 0.25],
-                         [0, 1, 0.70, 0.60, 0.50, 0.40],
-                         [1, 1, 0.50, 0.50, 0.15, 0.15]])
-
-
-def _images():
-    g = torch.Generator().manual_seed(1)
-    return torch.rand((2, 3, 64, 64), generator=g)
-
-
 def test_loss_is_finite_with_documented_parts(model):
-    loss, items = ComputeLoss(model, HYP)(model(_images()), _targets())
+    loss, items = ComputeLoss(model, HYP)(model(sample_images()), sample_targets())
     assert loss.shape == (1,) and torch.isfinite(loss).all()
     assert items.shape == (3,) and not items.requires_grad
     assert (items > 0).all(), "box, obj and cls parts must all contribute"
@@ -57,24 +30,24 @@ def test_loss_is_finite_with_documented_parts(model):
 
 
 def test_no_targets_gives_objectness_only(model):
-    loss, items = ComputeLoss(model, HYP)(model(_images()), torch.zeros((0, 6)))
+    loss, items = ComputeLoss(model, HYP)(model(sample_images()), torch.zeros((0, 6)))
     assert items[0] == 0 and items[2] == 0 and items[1] > 0
 
 
 def test_gains_scale_each_part(model):
-    preds = model(_images())
-    base = ComputeLoss(model, HYP)(preds, _targets())[1]
-    scaled = ComputeLoss(model, dict(HYP, box=0.1, cls=1.5))(preds, _targets())[1]
+    preds = model(sample_images())
+    base = ComputeLoss(model, HYP)(preds, sample_targets())[1]
+    scaled = ComputeLoss(model, dict(HYP, box=0.1, cls=1.5))(preds, sample_targets())[1]
     assert torch.allclose(scaled, base * torch.tensor([2.0, 1.0, 3.0]), rtol=1e-5)
 
 
 def test_focal_loss_and_label_smoothing_change_parts(model):
-    preds = model(_images())
-    plain = ComputeLoss(model, HYP)(preds, _targets())[1]
-    focal = ComputeLoss(model, dict(HYP, fl_gamma=1.5))(preds, _targets())[1]
+    preds = model(sample_images())
+    plain = ComputeLoss(model, HYP)(preds, sample_targets())[1]
+    focal = ComputeLoss(model, dict(HYP, fl_gamma=1.5))(preds, sample_targets())[1]
     assert focal[0] == pytest.approx(plain[0].item(), rel=1e-5)
     assert focal[1] < plain[1] and focal[2] < plain[2]
-    smoothed = ComputeLoss(model, dict(HYP, label_smoothing=0.2))(preds, _targets())[1]
+    smoothed = ComputeLoss(model, dict(HYP, label_smoothing=0.2))(preds, sample_targets())[1]
     assert smoothed[2] != plain[2] and smoothed[1] == plain[1]
     assert smooth_BCE(0.2) == (0.9, 0.1)
     assert isinstance(FocalLoss(torch.nn.BCEWithLogitsLoss()).loss_fcn, torch.nn.BCEWithLogitsLoss)
@@ -82,7 +55,7 @@ def test_focal_loss_and_label_smoothing_change_parts(model):
 
 def test_build_targets_centre_cell_neighbours_and_anchor_ratio(model):
     compute = ComputeLoss(model, HYP)
-    preds = model(_images())
+    preds = model(sample_images())
     # x = y = 0.3 of 64 px -> (2.4, 2.4) cells at stride 8: lower fractions pick the left and top neighbours
     target = torch.tensor([[0, 1, 0.3, 0.3, 10 / 64, 13 / 64]])  # exactly level 0's first anchor
     tcls, tbox, indices, anchors = compute.build_targets(preds, target)
@@ -101,7 +74,7 @@ def test_build_targets_centre_cell_neighbours_and_anchor_ratio(model):
 
 
 def test_objectness_target_independent_of_target_order(model):
-    preds = model(_images())
+    preds = model(sample_images())
     # two boxes sharing cells and anchors: a repeated slot keeps the larger IoU either way round
     targets = torch.tensor([[0, 0, 0.30, 0.30, 0.20, 0.25], [0, 1, 0.31, 0.29, 0.18, 0.3]])
     compute = ComputeLoss(model, HYP)
@@ -114,7 +87,7 @@ def test_loss_falls_when_overfitting_one_batch(model):
     torch.manual_seed(0)
     compute = ComputeLoss(model, HYP)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    images, targets = _images(), _targets()
+    images, targets = sample_images(), sample_targets()
     losses = []
     for _ in range(15):
         loss, _ = compute(model(images), targets)
@@ -133,10 +106,10 @@ def test_missing_hyperparameters_are_a_user_error(model):
 
 
 def test_loss_reads_its_hyperparameters_from_the_argument_not_the_model(model):
-    preds = model(_images())
-    expected = ComputeLoss(model, HYP)(preds, _targets())[1]
+    preds = model(sample_images())
+    expected = ComputeLoss(model, HYP)(preds, sample_targets())[1]
     model.hyp = dict(HYP, box=100.0)  # an attribute that older code set on the model is ignored
-    assert torch.equal(ComputeLoss(model, HYP)(preds, _targets())[1], expected)
+    assert torch.equal(ComputeLoss(model, HYP)(preds, sample_targets())[1], expected)
 
 
 def test_objectness_balance_keeps_yolov5_weights_at_strides_8_16_32():

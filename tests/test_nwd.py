@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tests.test_loss import HYP, _images, _targets, base_model  # noqa: F401 (base_model is a fixture)
+from tests.support.loss_inputs import HYP, sample_images, sample_targets
 from utils.errors import UserError
 from utils.loss import NWD_ASSIGN_THR, ComputeLoss
 from utils.metrics import bbox_iou, bbox_nwd
@@ -85,7 +85,7 @@ def _reference_box_losses(compute, preds, targets):
 def test_nwd_zero_is_bit_identical_to_the_ciou_loss(base_model):
     model, plain = _compute(base_model)  # an old hyp without the key
     _, zero = _compute(base_model, nwd=0.0, nwd_c=7.0)
-    preds, targets = model(_images()), _targets()
+    preds, targets = model(sample_images()), sample_targets()
     loss_plain, items_plain = plain(preds, targets)
     loss_zero, items_zero = zero(preds, targets)
     assert torch.equal(loss_plain, loss_zero) and torch.equal(items_plain, items_zero)
@@ -100,7 +100,7 @@ def test_nwd_zero_is_bit_identical_to_the_ciou_loss(base_model):
 def test_nwd_blends_into_the_box_loss_only(base_model, weight):
     model, compute = _compute(base_model, nwd=weight, nwd_c=6.0)
     _, plain = _compute(base_model)
-    preds, targets = model(_images()), _targets()
+    preds, targets = model(sample_images()), sample_targets()
     items = compute(preds, targets)[1]
     ciou_terms, nwd_terms = _reference_box_losses(compute, preds, targets)
     expected = sum((1 - weight) * c + weight * n for c, n in zip(ciou_terms, nwd_terms)) * HYP["box"]
@@ -111,7 +111,7 @@ def test_nwd_blends_into_the_box_loss_only(base_model, weight):
 
 def test_nwd_loss_has_finite_gradients(base_model):
     model, compute = _compute(base_model, nwd=1.0, nwd_c=4.0)
-    loss, _ = compute(model(_images()), _targets())
+    loss, _ = compute(model(sample_images()), sample_targets())
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
@@ -145,7 +145,7 @@ def test_tiny_target_without_any_ratio_match_gets_nwd_anchors(base_model):
     model, ratio_rule = _compute(base_model)
     c = 6.0
     _, by_nwd = _compute(base_model, nwd_assign=1, nwd_c=c)
-    preds = model(_images())
+    preds = model(sample_images())
     target = torch.tensor([[0, 1, 0.5, 0.5, 3 / 64, 3 / 64]])  # a 3 x 3 px box in the 64-px input
     assert _positives(ratio_rule, preds, target) == [], "every anchor is more than 4x the box: YOLOv5 drops it"
     # expected by hand: anchors in pixels (level anchors x stride), NWD of the shapes, >= threshold or the best
@@ -160,7 +160,7 @@ def test_tiny_target_without_any_ratio_match_gets_nwd_anchors(base_model):
 def test_nwd_assignment_leaves_targets_that_are_not_tiny_alone(base_model):
     model, ratio_rule = _compute(base_model)
     _, by_nwd = _compute(base_model, nwd_assign=1, nwd_c=2.0)
-    preds = model(_images())
+    preds = model(sample_images())
     target = torch.tensor([[0, 1, 0.3, 0.3, 10 / 64, 13 / 64]])  # sqrt(130) = 11.4 px >= 8: not tiny
     plain, nwd = ratio_rule.build_targets(preds, target), by_nwd.build_targets(preds, target)
     for level in range(len(preds)):
@@ -170,7 +170,7 @@ def test_nwd_assignment_leaves_targets_that_are_not_tiny_alone(base_model):
 
 def test_nwd_assignment_is_independent_of_target_order(base_model):
     model, by_nwd = _compute(base_model, nwd_assign=1, nwd=0.5, nwd_c=5.0)
-    preds = model(_images())
+    preds = model(sample_images())
     targets = torch.tensor([[0, 0, 0.30, 0.30, 4 / 64, 5 / 64], [0, 1, 0.70, 0.60, 2 / 64, 3 / 64],
                             [1, 1, 0.50, 0.50, 20 / 64, 12 / 64]])
     forward = by_nwd(preds, targets)[1]

@@ -204,7 +204,7 @@ def _tree(folder):
 def test_convert_onto_an_unwritable_disk(request, tmp_path, capsys, fault, reason, previous):
     """convert.py whose --out sits on a full or read-only disk: one line, exit 2, --out as it was (absent, or the
     previous conversion), no staging folder left."""
-    from tests.test_convert import make_visdrone
+    from tests.support.converter_sources import make_visdrone
     from utils.converters.cli import main as convert_cli
 
     src, disk = make_visdrone(tmp_path / "src"), tmp_path / "disk"

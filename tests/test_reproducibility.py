@@ -2,18 +2,16 @@
 
 import itertools
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 import train
-from tests.support.run_outputs import results_rows as results, weights_checksum as checksum
+from tests.support.launchers import kill_when, train_cmd
+from tests.support.run_outputs import assert_identical, weights_checksum as checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)
@@ -25,22 +23,10 @@ def run_in_process(project: Path, name: str, data, cfg, **overrides) -> Path:
     return project / name
 
 
-def final_weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "weights" / "last.pt", weights_only=True)["model"]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
     """The uninterrupted reference run: seed 0, workers 0, 2 epochs of 4 batches."""
     return run_in_process(tmp_path_factory.mktemp("repro"), "reference", shapes_data, tiny_cfg)
-
-
-def assert_identical(run_dir: Path, reference: Path) -> None:
-    assert checksum(run_dir) == checksum(reference)
-    assert results(run_dir) == results(reference)
-    ours, theirs = final_weights(run_dir), final_weights(reference)
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 @pytest.mark.slow
@@ -97,32 +83,6 @@ def test_save_interval_writes_checkpoints_but_never_changes_results(reference, s
 def test_different_seeds_give_different_weights(reference, shapes_data, tiny_cfg, tmp_path):
     run_dir = run_in_process(tmp_path, "seed1", shapes_data, tiny_cfg, seed=1)
     assert checksum(run_dir) != checksum(reference)
-
-
-def kill_when(cmd, last_pt: Path, position_ok, timeout: float = 240) -> list:
-    """Start ``cmd``, SIGKILL it once ``last.pt`` records a position accepted by ``position_ok``."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + timeout
-    position = None
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if last_pt.exists():
-                ckpt = torch.load(last_pt, weights_only=True)
-                position = ckpt.get("next_position")
-                if ckpt.get("optimizer") is not None and position_ok(position):
-                    proc.send_signal(signal.SIGKILL)
-                    break
-            time.sleep(0.05)
-    finally:
-        proc.kill()
-        proc.wait()
-    return position
-
-
-def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
-    return [sys.executable, "train.py", "--data", str(data), "--cfg", str(cfg), "--project", str(project),
-            "--name", name, "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--device", "cpu",
-            "--workers", "0", "--noplots", "--exist-ok", *extra]
 
 
 @pytest.mark.slow

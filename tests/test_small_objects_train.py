@@ -6,7 +6,7 @@ import yaml
 import train
 from tests.conftest import ROOT
 from tests.support.run_outputs import results_rows
-from tests.test_train import train_run
+from tests.support.training_runs import train_run
 from utils.dataloaders import LoadImagesAndLabels
 from utils.extra_hyps import mean_object_size
 from utils.training.checkpoints import load_checkpoint

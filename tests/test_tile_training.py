@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import train
-from tests.support.run_outputs import results_rows, weights_checksum
-from tests.test_reproducibility import assert_identical, kill_when, train_cmd
+from tests.support.launchers import kill_when, train_cmd
+from tests.support.run_outputs import assert_identical, results_rows, weights_checksum
 from utils.errors import UserError
 from utils.files import yaml_load
 

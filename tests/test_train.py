@@ -12,21 +12,11 @@ import torch
 
 import train
 from tests.support.run_outputs import results_rows
+from tests.support.training_runs import train_run
 from utils.training.checkpoints import load_checkpoint
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(imgsz=64, batch_size=8, workers=0, device="cpu", noautoanchor=False, exist_ok=True)
-
-
-def train_run(tmp_path, data, cfg, name="exp", **kwargs):
-    """train.run with fast defaults; returns the run folder."""
-    options = {**FAST, "cfg": str(cfg), "data": str(data), "epochs": 2, "project": str(tmp_path), "name": name}
-    options.update(kwargs)
-    train.run(**options)
-    return tmp_path / name
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
     """One complete 2-epoch run with plots and --save-period 1, shared by several tests."""

@@ -17,41 +17,14 @@ from torch import nn
 import detect
 import val
 from models.experimental import Ensemble, attempt_load, tta_forward
-from models.yolo import Model
-from utils.training.checkpoints import save_checkpoint
+from tests.support.checkpoints import NAMES, confident_model, write_checkpoint
 from utils.errors import UserError
-
-NAMES = ["circle", "square", "triangle", "cross"]
-
-
-def _confident_model(cfg):
-    """Tiny 4-class model that always detects something: on the coarsest level only (so NMS gets a
-    few dozen candidates, not every anchor) objectness is raised, and anchor k favours class k."""
-    torch.manual_seed(0)
-    model = Model(cfg, nc=len(NAMES))
-    detect_head = model.model[-1]
-    with torch.no_grad():
-        bias = detect_head.m[-1].bias.view(detect_head.na, -1)
-        bias[:, 4] += 6.0
-        for k in range(detect_head.na):
-            bias[k, 5 + k] += 6.0
-    return model.eval()
-
-
-def _write_checkpoint(net, path, **overrides):
-    ckpt = {"model_cfg": net.yaml, "nc": len(NAMES), "names": NAMES,
-            "model": {k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()},
-            "ema": None, "epoch": 3, "best_fitness": 0.0}
-    ckpt.update(overrides)
-    save_checkpoint(ckpt, path)
-    return path
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_cfg):
     """(model, checkpoint path) for the confident tiny model, weights stored in fp16."""
-    model = _confident_model(tiny_cfg)
-    return model, _write_checkpoint(model, tmp_path_factory.mktemp("weights") / "tiny.pt")
+    model = confident_model(tiny_cfg)
+    return model, write_checkpoint(model, tmp_path_factory.mktemp("weights") / "tiny.pt")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +52,7 @@ def test_attempt_load_prefers_ema_and_builds_ensembles(trained, loaded, tmp_path
     model, weights = trained
     ema_state = {k: v.clone() for k, v in model.state_dict().items()}
     ema_state["model.24.m.0.bias"] = ema_state["model.24.m.0.bias"] + 1.0
-    with_ema = _write_checkpoint(model, tmp_path / "ema.pt", ema=ema_state)
+    with_ema = write_checkpoint(model, tmp_path / "ema.pt", ema=ema_state)
     ensemble = attempt_load([weights, with_ema])
     assert isinstance(ensemble, Ensemble) and ensemble.names == NAMES and ensemble.nc == 4
     ema_bias = ema_state["model.24.m.0.bias"]
@@ -104,7 +77,7 @@ def test_attempt_load_errors_are_one_line(trained, tmp_path):
         attempt_load(not_ckpt)
     state = model.state_dict()
     state["model.24.m.0.weight"] = torch.zeros(3, 3, 1, 1)
-    misfit = _write_checkpoint(model, tmp_path / "misfit.pt", model=state)
+    misfit = write_checkpoint(model, tmp_path / "misfit.pt", model=state)
     with pytest.raises(UserError, match="do not fit.*model.24.m.0.weight"):
         attempt_load(misfit)
     with pytest.raises(UserError, match="--weights"):

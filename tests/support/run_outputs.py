@@ -1,7 +1,9 @@
-"""Readers for a training run folder's outputs, shared by the end-to-end tests."""
+"""Readers for a training run folder's outputs, and a bit-identity check of two runs, shared by the end-to-end tests."""
 
 import csv
 from pathlib import Path
+
+import torch
 
 
 def weights_checksum(run_dir: Path) -> str:
@@ -13,3 +15,17 @@ def results_rows(run_dir: Path) -> list:
     """results.csv as a list of {column: text} rows."""
     with open(Path(run_dir) / "results.csv") as f:
         return list(csv.DictReader(f))
+
+
+def final_weights(run_dir: Path) -> dict:
+    """The model state dict in the run's weights/last.pt."""
+    return torch.load(Path(run_dir) / "weights" / "last.pt", weights_only=True)["model"]
+
+
+def assert_identical(run_dir: Path, reference: Path) -> None:
+    """Two runs are bit-identical: same weights checksum, same results.csv, equal final tensors."""
+    assert weights_checksum(run_dir) == weights_checksum(reference)
+    assert results_rows(run_dir) == results_rows(reference)
+    ours, theirs = final_weights(run_dir), final_weights(reference)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
