@@ -175,6 +175,7 @@ def test_openvino_folder_without_model_unreadable_or_without_metadata(dynamic_ex
     assert "exported model has no ['stride'" in one_line_user_error(load_backend, plain)
 
 
+@pytest.mark.slow
 def test_missing_openvino_package_is_one_line(dynamic_exports, tiny_pt, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
     message = one_line_user_error(load_backend, dynamic_exports[2])
@@ -248,6 +249,7 @@ def test_val_runs_a_static_export_at_its_own_size_on_square_batches(static_expor
         assert predictions[image].shape == rows.shape and np.abs(predictions[image][:, 5] - rows[:, 5]).max() < 1e-3
 
 
+@pytest.mark.slow
 def test_val_refuses_an_imgsz_larger_than_a_static_export_before_making_a_folder(static_exports, shapes_data,
                                                                                  tmp_path, capsys):
     with pytest.raises(SystemExit) as e:

@@ -123,6 +123,7 @@ def test_tracker_records_params_tags_metrics_and_artifacts(tmp_path, store):
     assert artifact_paths(client, run.info.run_id, "plots") == {"plots/results.png"}
 
 
+@pytest.mark.slow
 def test_a_raised_error_marks_the_run_failed(tmp_path, store):
     run_dir = fake_run_folder(tmp_path / "proj" / "exp")
     with pytest.raises(UserError), start_tracking(Namespace(logger=["mlflow"]), run_dir, is_main=True):
