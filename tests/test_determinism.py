@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from audit import main
 from tests.support.nondeterministic_module import PutGradient as PutBlock
-from tests.support.nondeterministic_module import _PutGradient, write_model_yaml, write_put_model_yaml
+from benchmarks.gpu_proof.modules import PutGradientFunction
+from tests.support.nondeterministic_module import write_model_yaml, write_put_model_yaml
 from utils.autobatch import PROFILE_BATCH_SIZES, profile_memory
 from utils.errors import UserError
 from utils.files import yaml_load
@@ -341,7 +342,7 @@ def test_loss_ops_are_attributed_to_the_loss_and_nll_none_is_clean():
 
 def test_loss_backward_ops_are_attributed_to_the_loss():
     def factory(model, images):
-        return lambda output: _PutGradient.apply(output).sum()
+        return lambda output: PutGradientFunction.apply(output).sum()
 
     report = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1)), imgsz=8, loss_factory=factory)
     assert findings_of(report) == {("put_", "backward", "loss")}

@@ -12,20 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from benchmarks.gpu_proof.modules import PutGradientFunction
 from models.yolo import register_module
-
-
-class _PutGradient(torch.autograd.Function):
-    """Identity forward; backward rewrites the gradient through ``put_`` (non-deterministic op)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        flat_index = torch.arange(grad.numel(), device=grad.device)
-        return grad.clone().put_(flat_index, grad.flatten(), accumulate=False)
 
 
 class PutGradient(nn.Module):
@@ -39,7 +27,7 @@ class PutGradient(nn.Module):
         self.channels = c1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _PutGradient.apply(x)
+        return PutGradientFunction.apply(x)
 
 
 class MaxPoolAttention(nn.Module):
