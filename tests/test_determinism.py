@@ -367,7 +367,16 @@ def test_optimizer_and_ema_ops_are_attributed_and_cannot_be_relaxed(monkeypatch)
         configure_determinism("strict").adopt_audit(report)
 
 
-def test_audit_leaves_model_grads_flags_and_rng_untouched():
+@pytest.mark.parametrize("start_flags", [(False, False), (True, True)])
+def test_audit_leaves_model_grads_flags_and_rng_untouched(start_flags):
+    # The process may already run under a mode (train.run applies one for the whole process), so the
+    # audit must restore whatever it found, not a fixed state.
+    with temporary_determinism(*start_flags):
+        check_audit_restores_state()
+        assert flags() == start_flags
+
+
+def check_audit_restores_state():
     model = TinyNet()
     model.stem[1].eval()  # a mixed train/eval state must come back as it was
     model.head.weight.grad = torch.full_like(model.head.weight, 0.5)
@@ -382,7 +391,6 @@ def test_audit_leaves_model_grads_flags_and_rng_untouched():
     assert torch.equal(model.head.weight.grad, torch.full_like(model.head.weight, 0.5))
     assert model.stem[0].weight.grad is None
     assert model.training and not model.stem[1].training
-    assert flags() == (False, False)
 
 
 def test_audit_is_clean_for_a_deterministic_model():
