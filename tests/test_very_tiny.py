@@ -1,6 +1,7 @@
 """The very-tiny benchmark (issue 27): the generator's sizes and determinism, the runner's errors, a smoke run."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,9 @@ def test_generator_cli_errors_are_one_line(tmp_path, capsys):
     (["--epochs", "0"], "--epochs 0"),
     (["--img-size", "100"], "--img-size 100"),
     (["--hyp", "no/such/hyp.yaml"], "no/such/hyp.yaml"),
+    (["--compare", "base", "nwd=0.5,lr0"], "--set lr0"),
+    (["--compare", "nwd=0.5", "nwd=0.50"], "nwd=0.5 given twice"),
+    (["--compare", "base", "--set", "nwd=0.5"], "--set and --compare"),
 ])
 def test_suite_argument_errors_are_one_error_line_and_exit_2(argv, names, capsys):
     with pytest.raises(SystemExit) as e:
@@ -102,28 +106,48 @@ def test_one_epoch_smoke_on_a_64px_mini_suite(tmp_path, tiny_cfg):
         row = train_one({**jobs[0], "cfg": str(tiny_cfg)})
     finally:
         torch.set_num_threads(threads)
-    table = very_tiny.format_table([row], overrides).splitlines()
+    table = very_tiny.format_table([row]).splitlines()
     assert len(table) == 3 and table[2].startswith("| mosaic=0 | 0 | ffca-yolo-n |")
     assert row["bands"]["very_tiny"]["instances"] > 0 and 0 <= row["map"] <= row["map50"] <= 1
     assert row["s_per_epoch"] > 0 and not math.isnan(row["box0"])
 
 
-def _row(seed, m, very_tiny_ap, tiny_ap):
+def _row(seed, m, very_tiny_ap, tiny_ap, setting="scale=0.25"):
     bands = {"very_tiny": {"instances": 50, "map50": 0.5, "map": very_tiny_ap},
              "tiny": {"instances": 9, "map50": 0.6, "map": tiny_ap}}
-    return {"seed": seed, "model": "ffca-yolo-n", "map50": 0.4, "map": m, "bands": bands, "first": 3 + seed,
+    return {"kind": very_tiny.KIND_PREFIX + setting, "seed": seed, "model": "ffca-yolo-n", "map50": 0.4, "map": m, "bands": bands, "first": 3 + seed,
             "box0": 0.17, "box1": 0.12, "s_per_epoch": 9.5}
 
 
 def test_table_shows_both_bands_and_the_summary_gives_the_seed_spread():
     rows = [_row(0, 0.10, 0.05, float("nan")), _row(1, 0.20, 0.07, 0.30)]
-    table = very_tiny.format_table(rows, {"scale": 0.25}).splitlines()
+    table = very_tiny.format_table(rows).splitlines()
     assert "AP50 / AP50-95 <8 px (labels)" in table[0] and "8-16 px" in table[0] and "16-32" not in table[0]
     assert table[2] == ("| scale=0.25 | 0 | ffca-yolo-n | 0.400 | 0.1000 | 0.500 / 0.050 (50) | 0.600 / - (9) | 3 | "
                         "0.170 → 0.120 | 9.5 |")
     (summary,) = very_tiny.seed_summary(rows)
     assert summary.startswith("ffca-yolo-n, 2 seed(s)") and "mAP50-95 0.1500 (0.1000-0.2000)" in summary
-    assert "AP50-95 <8 px 0.0600 (0.0500-0.0700)" in summary
+    assert "AP50-95 <8 px 0.0600 (0.0500-0.0700)" in summary and not re.search(r"\dx\)", summary)  # no ratios for one setting
+
+
+def test_compare_runs_every_setting_on_the_same_data_and_reports_ratios_to_the_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(very_tiny, "make_data", lambda size, seed, n_train, n_val, out: out / f"data-s{seed}.yaml")
+    opt, settings = very_tiny.parse_opt(["--compare", "base", "nwd=0.5,nwd_assign=1", "--seeds", "0", "1"])
+    assert settings == [{}, {"nwd": 0.5, "nwd_assign": 1}]
+    jobs = very_tiny.jobs_for(opt, settings, tmp_path)
+    assert [(j["kind"], j["seed"]) for j in jobs] == [("very-tiny-base", 0), ("very-tiny-base", 1),
+                                                     ("very-tiny-nwd=0.5,nwd_assign=1", 0),
+                                                     ("very-tiny-nwd=0.5,nwd_assign=1", 1)]
+    assert jobs[0]["data"] == jobs[2]["data"] != jobs[1]["data"]
+    assert yaml_load(jobs[2]["opt"]["hyp"])["nwd_assign"] == 1 and yaml_load(jobs[0]["opt"]["hyp"])["nwd_assign"] == 0
+    rows = [_row(0, 0.10, 0.04, 0.20, "base"), _row(1, 0.10, 0.06, 0.20, "base"),
+            _row(0, 0.12, 0.06, 0.10, "nwd=0.5"), _row(1, 0.12, 0.09, 0.10, "nwd=0.5")]
+    table = very_tiny.format_table(rows).splitlines()
+    assert table[2].startswith("| base | 0 |") and table[4].startswith("| nwd=0.5 | 0 |")
+    base, nwd = very_tiny.seed_summary(rows)
+    assert base.startswith("base, ffca-yolo-n, 2 seed(s)") and "<8 px 0.0500 (0.0400-0.0600, 1.00x)" in base
+    assert nwd.startswith("nwd=0.5, ffca-yolo-n") and "<8 px 0.0750 (0.0600-0.0900, 1.50x)" in nwd
+    assert "8-16 px 0.1000 (0.1000-0.1000, 0.50x)" in nwd
 
 
 @pytest.mark.slow

@@ -5,15 +5,17 @@ data and the run): 256-px images by default (``--img-size``), 32-64 objects each
 2-12 px, about four in five under 8 px. Each model trains from scratch at the images' own size with ``train.run`` through
 benchmarks/accuracy/matrix.py's ``train_one`` (one thread per worker process), with the base hyp file
 plus the ``--set`` overrides, so options such as a tiny-box threshold or an NWD loss weight can be
-compared on the same data by running the suite once per setting. Per run it prints mAP50,
+compared on the same data; ``--compare`` runs several settings on the same seeds in one command. Per run it prints mAP50,
 mAP50-95, AP50, AP50-95 and label count per AI-TOD band (by sqrt(box area): very tiny < 8 and
 tiny 8-16 px; the objects fall in no other band), the first epoch with mAP50 > 0.001, the train
 box loss at the first and last epoch, and the wall time per epoch (training plus each epoch's
-validation); then per model the mean and range over seeds, the seed-to-seed spread.
+validation); then per setting and model the mean and range over seeds, the seed-to-seed spread, and
+with ``--compare`` each band's mean relative to the first setting.
 
     python -m benchmarks.accuracy.very_tiny    # the default suite (docs/small-objects.md)
     python -m benchmarks.accuracy.very_tiny --set scale=0.25 --out runs/very-tiny
     python -m benchmarks.accuracy.very_tiny --models ffca-yolo-n yolov5n-p2 --seeds 0 --epochs 5
+    python -m benchmarks.accuracy.very_tiny --compare base nwd=0.5 nwd=0.5,nwd_assign=1
 
 Accuracy columns do not depend on ``--jobs`` or machine load; the s/epoch column does.
 """
@@ -40,7 +42,7 @@ HYPS = ROOT / "data" / "hyps"
 DEFAULT_HYP = HYPS / "hyp.scratch-low.yaml"
 SUITE_BANDS = ("very_tiny", "tiny")  # AI-TOD bands the generated 2-12 px objects fall in
 MIN_IMG_SIZE = 32  # the generator needs room to place objects; the model needs a few stride-32 cells
-
+KIND_PREFIX = "very-tiny-"  # a run's kind is this prefix plus its setting's label
 
 
 def known_hyp_keys() -> set[str]:
@@ -78,6 +80,21 @@ def run_label(overrides: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
 
 
+def parse_settings(items: list[str], known: set[str]) -> list[dict[str, int | float]]:
+    """``--compare`` items -> one overrides dict each: ``base`` is no override, ``a=1,b=2`` sets two keys."""
+    settings = [{} if item == "base" else parse_overrides(item.split(","), known) for item in items]
+    labels = [run_label(s) for s in settings]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise UserError(f"--compare: {', '.join(repeated)} given twice; list each setting once")
+    return settings
+
+
+def setting_of(row: dict) -> str:
+    """The setting label of a result row (kept in its kind, which also names its run folder)."""
+    return row["kind"].removeprefix(KIND_PREFIX)
+
+
 def write_hyp(base: Path, overrides: dict, out: Path) -> Path:
     """The base hyp file with ``overrides`` applied, written under ``out/hyps`` (recorded with the runs)."""
     hyp = yaml_load(base)
@@ -98,15 +115,15 @@ def make_data(size: int, seed: int, n_train: int, n_val: int, out: Path) -> Path
     return yaml_file if yaml_file.exists() else make_very_tiny(root, n_train, n_val, seed, size=size)
 
 
-def jobs_for(opt: argparse.Namespace, overrides: dict, out: Path) -> list[dict]:
-    """One ``train_one`` job per (seed, model); the data of each seed is generated up front."""
-    settings = {"epochs": opt.epochs, "batch_size": opt.batch_size, "hyp": str(write_hyp(opt.hyp, overrides, out))}
+def jobs_for(opt: argparse.Namespace, settings: list[dict], out: Path) -> list[dict]:
+    """One ``train_one`` job per (setting, seed, model); the data of each seed is generated up front."""
+    data = {seed: str(make_data(opt.img_size, seed, opt.n_train, opt.n_val, out)) for seed in opt.seeds}
     jobs = []
-    for seed in opt.seeds:
-        data = make_data(opt.img_size, seed, opt.n_train, opt.n_val, out)
-        jobs += [{"kind": f"very-tiny-{run_label(overrides)}", "size": opt.img_size, "seed": seed, "model": m,
-                  "data": str(data), "out": str(out), "cfg": str(variant_yaml(m, out / "models")), "opt": settings}
-                 for m in opt.models]
+    for overrides in settings:
+        run_opt = {"epochs": opt.epochs, "batch_size": opt.batch_size, "hyp": str(write_hyp(opt.hyp, overrides, out))}
+        jobs += [{"kind": KIND_PREFIX + run_label(overrides), "size": opt.img_size, "seed": seed, "model": m,
+                  "data": data[seed], "out": str(out), "cfg": str(variant_yaml(m, out / "models")), "opt": run_opt}
+                 for seed in opt.seeds for m in opt.models]
     return jobs
 
 
@@ -121,43 +138,63 @@ def _band(bands: dict, key: str) -> str:
     return f"{_ap(band.get('map50', nan))} / {_ap(band.get('map', nan))} ({band.get('instances', 0)})"
 
 
-def format_table(rows: list[dict], overrides: dict) -> str:
-    """Markdown table, one row per (seed, model)."""
+def format_table(rows: list[dict]) -> str:
+    """Markdown table, one row per (setting, seed, model)."""
     bands = (f"AP50 / AP50-95 {BANDS[b]} px (labels)" for b in SUITE_BANDS)
     head = ["hyp", "seed", "model", "mAP50", "mAP50-95", *bands, f"first epoch mAP50 > {START_MAP50}",
             "box loss first → last", "s/epoch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [run_label(overrides), str(r["seed"]), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
+        cells = [setting_of(r), str(r["seed"]), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
                  *(_band(r["bands"], b) for b in SUITE_BANDS), str(r["first"] or "never"),
                  f"{r['box0']:.3f} → {r['box1']:.3f}", f"{r['s_per_epoch']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _seed_columns(runs: list[dict]) -> dict[str, list[float]]:
+    """mAP50-95 and each band's AP50-95 of a group of runs, one value per run."""
+    return {"mAP50-95": [r["map"] for r in runs],
+            **{f"AP50-95 {BANDS[b]} px": [r["bands"].get(b, {}).get("map", float("nan")) for r in runs]
+               for b in SUITE_BANDS}}
+
+
 def seed_summary(rows: list[dict]) -> list[str]:
-    """Per model over its seeds: mean and range of mAP50-95 and of each band's AP50-95 (the seed-to-seed spread)."""
-    by_model: dict[str, list[dict]] = {}
+    """Per (setting, model) over its seeds: mean and range of mAP50-95 and of each band's AP50-95.
+
+    The range is the seed-to-seed spread a difference between settings has to exceed. With more than
+    one setting, each mean is also given relative to the first setting's mean for the same model.
+    """
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
-        by_model.setdefault(r["model"], []).append(r)
+        groups.setdefault((setting_of(r), r["model"]), []).append(r)
+    reference: dict[str, dict[str, list[float]]] = {}
+    for (_, model), runs in groups.items():
+        reference.setdefault(model, _seed_columns(runs))  # the model's runs under the first setting
+    several = len({setting for setting, _ in groups}) > 1
     lines = []
-    for model, runs in by_model.items():
-        columns = {"mAP50-95": [r["map"] for r in runs],
-                   **{f"AP50-95 {BANDS[b]} px": [r["bands"].get(b, {}).get("map", float("nan")) for r in runs]
-                      for b in SUITE_BANDS}}
-        parts = [f"{name} {sum(v) / len(v):.4f} ({min(v):.4f}-{max(v):.4f})" for name, v in columns.items()]
-        lines.append(f"{model}, {len(runs)} seed(s), mean (min-max): " + "; ".join(parts))
+    for (setting, model), runs in groups.items():
+        parts = []
+        for name, values in _seed_columns(runs).items():
+            mean, ref = sum(values) / len(values), reference[model][name]
+            ratio = f", {mean / (sum(ref) / len(ref)):.2f}x" if several and sum(ref) > 0 else ""
+            parts.append(f"{name} {mean:.4f} ({min(values):.4f}-{max(values):.4f}{ratio})")
+        prefix = f"{setting}, " if several else ""
+        lines.append(f"{prefix}{model}, {len(runs)} seed(s), mean (min-max): " + "; ".join(parts))
     return lines
 
 
-def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
-    """The suite's flags and the parsed ``--set`` overrides; any bad flag is a UserError."""
+def parse_opt(argv=None) -> tuple[argparse.Namespace, list[dict]]:
+    """The suite's flags and the settings to run (``--compare``'s, or the one of ``--set``); a bad flag is a UserError."""
     p = OneLineErrorParser(prog="python -m benchmarks.accuracy.very_tiny", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=sorted(MODELS) + sorted(ABLATIONS),
                    help="models to train")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="hyperparameters to override in --hyp, e.g. --set min_box_px=1 nwd=0.5")
+    p.add_argument("--compare", nargs="+", default=[], metavar="SETTING",
+                   help="run several settings on the same seeds instead of --set: 'base' (no override) or "
+                        "KEY=VALUE[,KEY=VALUE...], e.g. --compare base nwd=0.5 nwd=0.5,nwd_assign=1")
     p.add_argument("--hyp", type=Path, default=DEFAULT_HYP, help="base hyperparameters YAML")
     p.add_argument("--epochs", type=int, default=80, help="epochs per run")
     p.add_argument("--batch-size", type=int, default=8)
@@ -174,12 +211,16 @@ def parse_opt(argv=None) -> tuple[argparse.Namespace, dict]:
         raise UserError(f"--img-size {opt.img_size}: use a multiple of 32, at least {MIN_IMG_SIZE}")
     if not opt.hyp.is_file():
         raise UserError(f"--hyp {opt.hyp}: file not found")
-    return opt, parse_overrides(opt.overrides, known_hyp_keys())
+    if opt.compare and opt.overrides:
+        raise UserError("--set and --compare: use one; write the --set keys into each --compare setting")
+    known = known_hyp_keys()
+    return opt, parse_settings(opt.compare, known) if opt.compare else [parse_overrides(opt.overrides, known)]
 
 
 def command_line(opt: argparse.Namespace) -> str:
     """The suite's settings as the command that reproduces them."""
-    sets = f" --set {' '.join(opt.overrides)}" if opt.overrides else ""
+    sets = (f" --compare {' '.join(opt.compare)}" if opt.compare else "") + \
+        (f" --set {' '.join(opt.overrides)}" if opt.overrides else "")
     return (f"python -m benchmarks.accuracy.very_tiny --models {' '.join(opt.models)} "
             f"--seeds {' '.join(map(str, opt.seeds))} --epochs {opt.epochs} --batch-size {opt.batch_size} "
             f"--img-size {opt.img_size} --n-train {opt.n_train} --n-val {opt.n_val} --hyp {opt.hyp}{sets}")
@@ -187,14 +228,14 @@ def command_line(opt: argparse.Namespace) -> str:
 
 def run_suite(argv=None) -> str:
     """Run the suite; print and return the table."""
-    opt, overrides = parse_opt(argv)
+    opt, settings = parse_opt(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the worker processes
     with tempfile.TemporaryDirectory() as tmp:
         out = (opt.out or Path(tmp)).resolve()
-        jobs = jobs_for(opt, overrides, out)
+        jobs = jobs_for(opt, settings, out)
         with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             rows = list(pool.map(train_one, jobs))
-    report = "\n".join([format_table(rows, overrides), "", *seed_summary(rows)])
+    report = "\n".join([format_table(rows), "", *seed_summary(rows)])
     print(f"\n{command_line(opt)}\n{report}")
     return report
 
