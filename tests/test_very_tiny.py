@@ -68,7 +68,7 @@ def test_generator_cli_errors_are_one_line(tmp_path, capsys):
     (["--epochs", "0"], "--epochs 0"),
     (["--img-size", "100"], "--img-size 100"),
     (["--hyp", "no/such/hyp.yaml"], "no/such/hyp.yaml"),
-    (["--compare", "base", "nwd=0.5,lr0"], "--set lr0"),
+    (["--compare", "base", "nwd=0.5,lr0"], "--compare lr0: write KEY=VALUE"),
     (["--compare", "nwd=0.5", "nwd=0.50"], "nwd=0.5 given twice"),
     (["--compare", "base", "--set", "nwd=0.5"], "--set and --compare"),
 ])

@@ -53,7 +53,7 @@ def known_hyp_keys() -> set[str]:
     return keys
 
 
-def parse_overrides(items: list[str], known: set[str]) -> dict[str, int | float]:
+def parse_overrides(items: list[str], known: set[str], flag: str = "--set") -> dict[str, int | float]:
     """``["min_box_px=1", "nwd=0.5"]`` -> ``{"min_box_px": 1, "nwd": 0.5}``; a bad item is a UserError.
 
     Values are numbers only (int when written as one): they are parsed, never evaluated.
@@ -62,15 +62,15 @@ def parse_overrides(items: list[str], known: set[str]) -> dict[str, int | float]
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise UserError(f"--set {item}: write KEY=VALUE, e.g. --set min_box_px=1")
+            raise UserError(f"{flag} {item}: write KEY=VALUE, e.g. {flag} min_box_px=1")
         if key not in known:
-            raise UserError(f"--set {item}: unknown hyperparameter {key!r}; known: {', '.join(sorted(known))}")
+            raise UserError(f"{flag} {item}: unknown hyperparameter {key!r}; known: {', '.join(sorted(known))}")
         try:
             value = int(text) if text.lstrip("+-").isdigit() else float(text)
         except ValueError:
-            raise UserError(f"--set {item}: {text!r} is not a number") from None
+            raise UserError(f"{flag} {item}: {text!r} is not a number") from None
         if not math.isfinite(value):
-            raise UserError(f"--set {item}: the value must be a finite number")
+            raise UserError(f"{flag} {item}: the value must be a finite number")
         overrides[key] = value
     return overrides
 
@@ -82,7 +82,7 @@ def run_label(overrides: dict) -> str:
 
 def parse_settings(items: list[str], known: set[str]) -> list[dict[str, int | float]]:
     """``--compare`` items -> one overrides dict each: ``base`` is no override, ``a=1,b=2`` sets two keys."""
-    settings = [{} if item == "base" else parse_overrides(item.split(","), known) for item in items]
+    settings = [{} if item == "base" else parse_overrides(item.split(","), known, "--compare") for item in items]
     labels = [run_label(s) for s in settings]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
