@@ -9,8 +9,8 @@ the first epoch with mAP50 > 0.001, the train box loss at the first and the last
 wall time per epoch; then, per cell, whether ffca-yolo-n meets issue 22's target (first epoch no
 later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's).
 
-    python -m benchmarks.accuracy.matrix --jobs 2                       # the full matrix (docs/accuracy.md)
-    python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 0 --epochs 30
+    python -m benchmarks.accuracy.matrix --jobs 2 --out runs/accuracy-matrix   # the full matrix (docs/accuracy.md)
+    python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1     # one cell
 
 With ``--out DIR`` finished runs are kept and reused: the same command continues an interrupted
 matrix, and ``--report-only`` prints the table of the runs finished so far without training.
@@ -179,10 +179,10 @@ def parse_opt(argv=None) -> argparse.Namespace:
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="object kinds")
     p.add_argument("--sizes", nargs="+", type=int, default=[160, 256, 320], help="image sizes (data and training)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
-    p.add_argument("--epochs", type=int, default=20, help="epochs per run (same for all)")
+    p.add_argument("--epochs", type=int, default=30, help="epochs per run (same for all)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--n-train", type=int, default=128, help="generated training images per cell")
-    p.add_argument("--n-val", type=int, default=48, help="generated validation images per cell")
+    p.add_argument("--n-train", type=int, default=256, help="generated training images per cell")
+    p.add_argument("--n-val", type=int, default=64, help="generated validation images per cell")
     p.add_argument("--hyp", type=Path, default=ROOT / "data" / "hyps" / "hyp.scratch-low.yaml")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     p.add_argument("--out", type=Path, default=None,
