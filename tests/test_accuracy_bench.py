@@ -115,3 +115,17 @@ def test_report_only_needs_the_matrix_folder(capsys):
         parse_opt(["--report-only"])
     assert "--report-only needs --out" in capsys.readouterr().err
     assert parse_opt(["--report-only", "--out", "m"]).report_only
+
+
+def test_reruns_with_other_training_seeds_get_their_own_runs_and_verdicts():
+    from benchmarks.accuracy.matrix import run_name, target_verdicts
+
+    base = {"kind": "glyphs", "size": 256, "seed": 1, "model": "ffca-yolo-n"}
+    assert run_name(base) == run_name({**base, "train_seed": 1}) == "glyphs-256-s1-ffca-yolo-n"  # old folders reused
+    assert run_name({**base, "train_seed": 2}) == "glyphs-256-s1-t2-ffca-yolo-n"
+    rows = [{**_row(m, first, 0.01), "train_seed": t} for t, firsts in ((0, (9, 5, 7)), (2, (9, 5, 12)))
+            for m, first in zip(("yolov5n", "yolov5n-p2", "ffca-yolo-n"), firsts)]
+    verdicts = target_verdicts(rows)
+    assert len(verdicts) == 2
+    assert verdicts[0].startswith("glyphs 256 px seed 0: meets")
+    assert verdicts[1].startswith("glyphs 256 px seed 0 (train 2): misses start")

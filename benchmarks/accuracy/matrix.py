@@ -2,7 +2,9 @@
 
 A cell is one generated data set: an object kind (``shapes``: drawn geometry from
 make_tiny_shapes.py, 6-24 px; ``glyphs``: textured stroke characters among distractors from
-make_glyphs.py, 8-20 px), an image size and a seed (the seed makes both the data and the run).
+make_glyphs.py, 8-20 px), an image size and a seed (the seed makes both the data and the run;
+``--train-seeds`` trains each model once per listed seed on the cell's data instead, which measures
+how far a rerun moves the figures).
 Each model trains from scratch with ``train.run`` and its ``last.pt`` is validated with val.py's
 size bands (AI-TOD bands by sqrt(area)). Per run it prints mAP50, mAP50-95, AP50-95 per band,
 the first epoch with mAP50 > 0.001, the train box loss at the first and the last epoch and the
@@ -11,6 +13,7 @@ later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's).
 
     python -m benchmarks.accuracy.matrix --jobs 2 --out runs/accuracy-matrix   # the full matrix (docs/accuracy.md)
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1     # one cell
+    python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1 --train-seeds 2 3   # reruns of it
 
 With ``--out DIR`` finished runs are kept and reused: the same command continues an interrupted
 matrix, and ``--report-only`` prints the table of the runs finished so far without training.
@@ -73,7 +76,22 @@ def size_band_ap(weights: Path, data_yaml: Path, imgsz: int, out: Path) -> dict:
 
 
 def run_name(job: dict) -> str:
-    return f"{job['kind']}-{job['size']}-s{job['seed']}-{job['model']}"
+    """Folder name of a run; a training seed other than the data seed is appended (``-t2``)."""
+    rerun = f"-t{job['train_seed']}" if job.get("train_seed", job["seed"]) != job["seed"] else ""
+    return f"{job['kind']}-{job['size']}-s{job['seed']}{rerun}-{job['model']}"
+
+
+def train_seed(row: dict) -> int:
+    """The training seed of a job or row (rows saved before training seeds existed used the data seed)."""
+    return row.get("train_seed", row["seed"])
+
+
+def seed_label(row: dict) -> str:
+    return str(row["seed"]) if train_seed(row) == row["seed"] else f"{row['seed']} (train {train_seed(row)})"
+
+
+def row_keys(job: dict) -> dict:
+    return {**{k: job[k] for k in ("kind", "size", "seed", "model")}, "train_seed": train_seed(job)}
 
 
 def finished_row(job: dict) -> dict | None:
@@ -89,7 +107,7 @@ def finished_row(job: dict) -> dict | None:
         rows = list(csv.DictReader(f))
     if len(rows) < job["opt"]["epochs"]:
         return None
-    return {**{k: job[k] for k in ("kind", "size", "seed", "model")}, "map50": float(rows[-1]["metrics/mAP_0.5"]),
+    return {**row_keys(job), "map50": float(rows[-1]["metrics/mAP_0.5"]),
             "map": float(rows[-1]["metrics/mAP_0.5:0.95"]),
             "bands": size_band_ap(last, Path(job["data"]), job["size"], Path(job["out"])),
             **read_curve(csv_path), "s_per_epoch": None}
@@ -112,11 +130,11 @@ def train_one(job: dict) -> dict:
     out, opt = Path(job["out"]), job["opt"]
     t0 = time.perf_counter()
     results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
-                        batch_size=opt["batch_size"], workers=0, seed=job["seed"], project=str(out / "runs"),
+                        batch_size=opt["batch_size"], workers=0, seed=train_seed(job), project=str(out / "runs"),
                         name=run_name(job), exist_ok=True, noplots=True, hyp=opt["hyp"])
     seconds = time.perf_counter() - t0
     run_dir = out / "runs" / run_name(job)
-    row = {**{k: job[k] for k in ("kind", "size", "seed", "model")}, "map50": results[2], "map": results[3],
+    row = {**row_keys(job), "map50": results[2], "map": results[3],
            "bands": size_band_ap(run_dir / "weights" / "last.pt", Path(job["data"]), job["size"], out),
            **read_curve(run_dir / "results.csv"), "s_per_epoch": seconds / opt["epochs"]}
     (run_dir / "row.json").write_text(json.dumps(row))
@@ -129,7 +147,7 @@ def format_table(rows: list[dict]) -> str:
             f"first epoch mAP50 > {START_MAP50}", "box loss first → last", "s/epoch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["kind"], str(r["size"]), str(r["seed"]), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
+        cells = [r["kind"], str(r["size"]), seed_label(r), r["model"], f"{r['map50']:.3f}", f"{r['map']:.4f}",
                  *(f"{r['bands'][b]['map']:.3f}" for b in BANDS), str(r["first"] or "never"),
                  f"{r['box0']:.3f} → {r['box1']:.3f}", "-" if r["s_per_epoch"] is None else f"{r['s_per_epoch']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -137,38 +155,42 @@ def format_table(rows: list[dict]) -> str:
 
 
 def target_verdicts(rows: list[dict]) -> list[str]:
-    """Per cell: does ffca-yolo-n start no later than yolov5n-p2 + 2 epochs and end >= yolov5n in mAP50-95?"""
+    """Per cell and training seed: does ffca-yolo-n start no later than yolov5n-p2 + 2 epochs and end >=
+    yolov5n in mAP50-95?"""
     cells: dict[tuple, dict] = {}
     for r in rows:
-        cells.setdefault((r["kind"], r["size"], r["seed"]), {})[r["model"]] = r
+        cells.setdefault((r["kind"], r["size"], r["seed"], train_seed(r)), {})[r["model"]] = r
     lines = []
-    for (kind, size, seed), by_model in sorted(cells.items()):
+    for (kind, size, _, _), by_model in sorted(cells.items()):
         ffca, p2, v5 = (by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
         if not (ffca and p2 and v5):
             continue
         never = 10 ** 6
+        cell = f"{kind} {size} px seed {seed_label(ffca)}"
         if not any(r["first"] for r in (ffca, p2, v5)):
-            lines.append(f"{kind} {size} px seed {seed}: no model reached mAP50 > {START_MAP50}; the budget "
+            lines.append(f"{cell}: no model reached mAP50 > {START_MAP50}; the budget "
                          "decides nothing here")
             continue
         starts = (ffca["first"] or never) <= (p2["first"] or never) + 2
         ends = ffca["map"] >= v5["map"]
         verdict = "meets" if starts and ends else "misses" + (" start" if not starts else "") + (" end" if not ends else "")
-        lines.append(f"{kind} {size} px seed {seed}: {verdict} (first epoch {ffca['first']} vs p2 {p2['first']}; "
+        lines.append(f"{cell}: {verdict} (first epoch {ffca['first']} vs p2 {p2['first']}; "
                      f"mAP50-95 {ffca['map']:.4f} vs yolov5n {v5['map']:.4f})")
     return lines
 
 
 def jobs_for(opt: argparse.Namespace, out: Path) -> list[dict]:
-    """One job per (kind, size, seed, model), data generated up front (cheap, and shared by the cell's models)."""
+    """One job per (kind, size, seed, training seed, model), data generated up front (cheap, and shared by
+    the cell's runs)."""
     jobs = []
     plain = {"epochs": opt.epochs, "batch_size": opt.batch_size, "hyp": str(opt.hyp)}
     for kind in opt.kinds:
         for size in opt.sizes:
             for seed in opt.seeds:
                 data = make_data(kind, size, seed, opt.n_train, opt.n_val, out)
-                jobs += [{"kind": kind, "size": size, "seed": seed, "model": m, "data": str(data), "out": str(out),
-                          "cfg": str(variant_yaml(m, out / "models")), "opt": plain} for m in opt.models]
+                jobs += [{"kind": kind, "size": size, "seed": seed, "train_seed": t, "model": m, "data": str(data),
+                          "out": str(out), "cfg": str(variant_yaml(m, out / "models")), "opt": plain}
+                         for t in (opt.train_seeds or [seed]) for m in opt.models]
     return jobs
 
 
@@ -179,6 +201,8 @@ def parse_opt(argv=None) -> argparse.Namespace:
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="object kinds")
     p.add_argument("--sizes", nargs="+", type=int, default=[160, 256, 320], help="image sizes (data and training)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
+    p.add_argument("--train-seeds", nargs="+", type=int, default=None,
+                   help="train every model once per seed listed on each cell's data (default: the data seed)")
     p.add_argument("--epochs", type=int, default=30, help="epochs per run (same for all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--n-train", type=int, default=256, help="generated training images per cell")
@@ -210,7 +234,8 @@ def main(argv=None) -> str:
     report = "\n".join([format_table(rows), "", *target_verdicts(rows)])
     print(f"\npython -m benchmarks.accuracy.matrix --epochs {opt.epochs} --batch-size {opt.batch_size} "
           f"--n-train {opt.n_train} --n-val {opt.n_val} --kinds {' '.join(opt.kinds)} "
-          f"--sizes {' '.join(map(str, opt.sizes))} --seeds {' '.join(map(str, opt.seeds))}\n{report}")
+          f"--sizes {' '.join(map(str, opt.sizes))} --seeds {' '.join(map(str, opt.seeds))}"
+          f"{' --train-seeds ' + ' '.join(map(str, opt.train_seeds)) if opt.train_seeds else ''}\n{report}")
     return report
 
 
