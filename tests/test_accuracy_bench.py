@@ -129,3 +129,21 @@ def test_reruns_with_other_training_seeds_get_their_own_runs_and_verdicts():
     assert len(verdicts) == 2
     assert verdicts[0].startswith("glyphs 256 px seed 0: meets")
     assert verdicts[1].startswith("glyphs 256 px seed 0 (train 2): misses start")
+
+
+def test_spread_verdicts_apply_the_target_to_the_medians_over_training_seeds():
+    from benchmarks.accuracy.matrix import spread_verdicts
+
+    firsts = {"yolov5n": (None, None, None), "yolov5n-p2": (16, 18, 17), "ffca-yolo-n": (23, 14, 19)}
+    rows = [{**_row(m, f, 0.01 if m == "ffca-yolo-n" else 0.0), "train_seed": t}
+            for m, fs in firsts.items() for t, f in zip((1, 2, 3), fs)]
+    (line,) = spread_verdicts(rows)
+    assert "over 3 training seeds" in line and "23, 14, 19 (median 19)" in line and "(median 17)" in line
+    assert line.endswith("meets on the medians")
+    late = [{**r, "first": None} if r["model"] == "ffca-yolo-n" and r["train_seed"] > 1 else r for r in rows]
+    assert "(median never)" in spread_verdicts(late)[0] and spread_verdicts(late)[0].endswith("misses start on the medians")
+    assert spread_verdicts(rows[:: 3]) == []  # one training seed per model: nothing to summarise
+    without_v5 = [r for r in rows if r["model"] != "yolov5n"]
+    assert "end not judged" in spread_verdicts(without_v5)[0]
+    low = [{**r, "map": 0.02} if r["model"] == "yolov5n" else r for r in rows]
+    assert spread_verdicts(low)[0].endswith("misses end on the medians")

@@ -9,7 +9,8 @@ Each model trains from scratch with ``train.run`` and its ``last.pt`` is validat
 size bands (AI-TOD bands by sqrt(area)). Per run it prints mAP50, mAP50-95, AP50-95 per band,
 the first epoch with mAP50 > 0.001, the train box loss at the first and the last epoch and the
 wall time per epoch; then, per cell, whether ffca-yolo-n meets issue 22's target (first epoch no
-later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's).
+later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's), and, for a cell trained with
+several training seeds, the same target on the medians over them.
 
     python -m benchmarks.accuracy.matrix --jobs 2 --out runs/accuracy-matrix   # the full matrix (docs/accuracy.md)
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1     # one cell
@@ -30,6 +31,7 @@ import csv
 import json
 import multiprocessing
 import os
+import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -179,6 +181,45 @@ def target_verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def spread_verdicts(rows: list[dict]) -> list[str]:
+    """Per data cell where ffca-yolo-n and yolov5n-p2 trained with several training seeds: every run's
+    first epoch, and the target applied to the medians (the upper median for an even count; "never"
+    counts as latest). The end condition is judged only where yolov5n ran too."""
+    runs: dict[tuple, dict[str, list]] = {}
+    for r in rows:
+        runs.setdefault((r["kind"], r["size"], r["seed"]), {}).setdefault(r["model"], []).append(r)
+    lines = []
+    for (kind, size, seed), by_model in sorted(runs.items()):
+        ffca, p2, v5 = (sorted(by_model.get(m, []), key=train_seed) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
+        if min(len(ffca), len(p2)) < 2:
+            continue
+        start = {name: median_first(model_runs) for name, model_runs in (("ffca", ffca), ("p2", p2))}
+        ffca_end = statistics.median_high(r["map"] for r in ffca)
+        checks = [("start", start["ffca"][1] <= start["p2"][1] + 2)]
+        end = "yolov5n not run, end not judged"
+        if v5:
+            v5_end = statistics.median_high(r["map"] for r in v5)
+            checks.append(("end", ffca_end >= v5_end))
+            end = f"median mAP50-95 {ffca_end:.4f} vs yolov5n {v5_end:.4f}"
+        misses = [what for what, ok in checks if not ok]
+        lines.append(f"{kind} {size} px seed {seed} over {len(ffca)} training seeds: first epoch ffca-yolo-n "
+                     f"{start['ffca'][0]} vs yolov5n-p2 {start['p2'][0]}; {end}: "
+                     + ("meets on the medians" if not misses else "misses " + " and ".join(misses) + " on the medians"))
+    return lines
+
+
+def median_first(model_runs: list[dict]) -> tuple[str, int]:
+    """``("23, 14, 19 (median 19)", 19)``: the runs' first epochs and their upper median; never = latest."""
+    never = 10 ** 6
+    firsts = [r["first"] or never for r in model_runs]
+    median = statistics.median_high(firsts)
+
+    def shown(e: int) -> str:
+        return "never" if e == never else str(e)
+
+    return f"{', '.join(map(shown, firsts))} (median {shown(median)})", median
+
+
 def jobs_for(opt: argparse.Namespace, out: Path) -> list[dict]:
     """One job per (kind, size, seed, training seed, model), data generated up front (cheap, and shared by
     the cell's runs)."""
@@ -231,7 +272,8 @@ def main(argv=None) -> str:
         else:
             with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 rows = list(pool.map(train_one, jobs))
-    report = "\n".join([format_table(rows), "", *target_verdicts(rows)])
+    spread = spread_verdicts(rows)
+    report = "\n".join([format_table(rows), "", *target_verdicts(rows), *([""] + spread if spread else [])])
     print(f"\npython -m benchmarks.accuracy.matrix --epochs {opt.epochs} --batch-size {opt.batch_size} "
           f"--n-train {opt.n_train} --n-val {opt.n_val} --kinds {' '.join(opt.kinds)} "
           f"--sizes {' '.join(map(str, opt.sizes))} --seeds {' '.join(map(str, opt.seeds))}"
