@@ -44,6 +44,7 @@ BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD ba
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
 KINDS = ("shapes", "glyphs")
 START_MAP50 = 0.001  # "has started to detect": mAP50 above this
+NEVER = 10 ** 6  # first epoch of a run that never started: later than any real one
 
 
 def make_data(kind: str, size: int, seed: int, n_train: int, n_val: int, out: Path) -> Path:
@@ -167,13 +168,12 @@ def target_verdicts(rows: list[dict]) -> list[str]:
         ffca, p2, v5 = (by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
         if not (ffca and p2 and v5):
             continue
-        never = 10 ** 6
         cell = f"{kind} {size} px seed {seed_label(ffca)}"
         if not any(r["first"] for r in (ffca, p2, v5)):
             lines.append(f"{cell}: no model reached mAP50 > {START_MAP50}; the budget "
                          "decides nothing here")
             continue
-        starts = (ffca["first"] or never) <= (p2["first"] or never) + 2
+        starts = (ffca["first"] or NEVER) <= (p2["first"] or NEVER) + 2
         ends = ffca["map"] >= v5["map"]
         verdict = "meets" if starts and ends else "misses" + (" start" if not starts else "") + (" end" if not ends else "")
         lines.append(f"{cell}: {verdict} (first epoch {ffca['first']} vs p2 {p2['first']}; "
@@ -210,12 +210,11 @@ def spread_verdicts(rows: list[dict]) -> list[str]:
 
 def median_first(model_runs: list[dict]) -> tuple[str, int]:
     """``("23, 14, 19 (median 19)", 19)``: the runs' first epochs and their upper median; never = latest."""
-    never = 10 ** 6
-    firsts = [r["first"] or never for r in model_runs]
+    firsts = [r["first"] or NEVER for r in model_runs]
     median = statistics.median_high(firsts)
 
     def shown(e: int) -> str:
-        return "never" if e == never else str(e)
+        return "never" if e == NEVER else str(e)
 
     return f"{', '.join(map(shown, firsts))} (median {shown(median)})", median
 
@@ -241,7 +240,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
                    choices=sorted(MODELS) + sorted(ABLATIONS), help="models to train in every cell")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="object kinds")
     p.add_argument("--sizes", nargs="+", type=int, default=[160, 256, 320], help="image sizes (data and training)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data, and training unless --train-seeds)")
     p.add_argument("--train-seeds", nargs="+", type=int, default=None,
                    help="train every model once per seed listed on each cell's data (default: the data seed)")
     p.add_argument("--epochs", type=int, default=30, help="epochs per run (same for all)")
