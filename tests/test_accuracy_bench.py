@@ -147,3 +147,40 @@ def test_spread_verdicts_apply_the_target_to_the_medians_over_training_seeds():
     assert "end not judged" in spread_verdicts(without_v5)[0]
     low = [{**r, "map": 0.02} if r["model"] == "yolov5n" else r for r in rows]
     assert spread_verdicts(low)[0].endswith("misses end on the medians")
+
+
+def test_separability_is_zero_for_one_distribution_and_affine_invariant():
+    from benchmarks.accuracy.separability import squared_mahalanobis
+
+    rng = np.random.default_rng(0)
+    background = rng.normal(size=(4000, 3))
+    same = rng.normal(size=(4000, 3))
+    shifted = same + np.array([2.0, 0.0, 0.0])
+    assert squared_mahalanobis(same, background) < 0.02
+    assert squared_mahalanobis(shifted, background) == pytest.approx(4.0, rel=0.1)
+    scale, offset = np.array([10.0, 0.1, 3.0]), np.array([5.0, -1.0, 0.0])
+    assert squared_mahalanobis(shifted * scale + offset, background * scale + offset) == pytest.approx(
+        squared_mahalanobis(shifted, background), rel=0.01)
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        squared_mahalanobis(shifted[:1], background)
+
+
+def test_separability_cells_and_epoch_order(tmp_path):
+    import torch
+
+    from benchmarks.accuracy.separability import cell_masks, collect_cells, epoch_order
+
+    centres, background = cell_masks(torch.tensor([[8.0, 8.0, 16.0, 16.0]]), h=8, w=8, stride=4)
+    assert centres.nonzero().tolist() == [[3, 3]]
+    assert not background[1:6, 1:6].any() and background[0, 0] and background[7, 7]
+    names = ["last.pt", "epoch10.pt", "epoch2.pt", "best.pt"]
+    assert sorted(names, key=epoch_order) == ["epoch2.pt", "epoch10.pt", "best.pt", "last.pt"]
+
+    make_glyphs(tmp_path / "g", n_train=1, n_val=2, seed=1, size=64, sides=(8, 12))
+    model = Model(ROOT / "benchmarks" / "accuracy" / "models" / "yolov5n-p2.yaml", nc=5).eval()
+    images = sorted((tmp_path / "g" / "images" / "val").glob("*"))
+    cells = collect_cells(model, images, [2, 4])
+    n_labels = sum(len(np.loadtxt(f, ndmin=2)) for f in (tmp_path / "g" / "labels" / "val").glob("*.txt"))
+    objects, bg = cells[2]
+    assert 0 < len(objects) <= n_labels and objects.shape[1] == bg.shape[1] == 32
+    assert cells[4][0].shape[1] == 64 and len(bg) > len(objects)

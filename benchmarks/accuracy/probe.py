@@ -4,7 +4,9 @@ For a checkpoint and a data set's validation images (square, at the size they we
 no letterbox), every raw prediction of every level is compared with the labels, before NMS:
 
 - ``located``: share of labels that some prediction of the level overlaps at IoU > 0.5, and the
-  median of each label's best IoU: has box regression (with the anchors) found the objects?
+  median of each label's best IoU. On a dense level (stride 4) the anchors alone overlap most
+  labels from initialisation on; compare with an ``epoch0.pt`` (``train.py --save-period``)
+  before reading it as learned box regression.
 - ``obj@hit`` / ``obj bg``: mean objectness of the best-scoring prediction with IoU > 0.5 against
   the median objectness of all other slots: has objectness learned to tell objects from background?
   Equal values mean the level's objectness is still at its prior.
