@@ -168,7 +168,7 @@ def test_separability_is_zero_for_one_distribution_and_affine_invariant():
 def test_separability_cells_and_epoch_order(tmp_path):
     import torch
 
-    from benchmarks.accuracy.separability import cell_masks, collect_cells, epoch_order
+    from benchmarks.accuracy.separability import cell_masks, check_layers, collect_cells, epoch_order
 
     centres, background = cell_masks(torch.tensor([[8.0, 8.0, 16.0, 16.0]]), h=8, w=8, stride=4)
     assert centres.nonzero().tolist() == [[3, 3]]
@@ -184,3 +184,5 @@ def test_separability_cells_and_epoch_order(tmp_path):
     objects, bg = cells[2]
     assert 0 < len(objects) <= n_labels and objects.shape[1] == bg.shape[1] == 32
     assert cells[4][0].shape[1] == 64 and len(bg) > len(objects)
+    with pytest.raises(ValueError, match=r"--layers 99: this model's feature rows are 0-21"):
+        check_layers(model, [2, 99])

@@ -58,6 +58,14 @@ def default_layers(model) -> list[int]:
     return list(model.model[-1].f)
 
 
+def check_layers(model, layers: list[int]) -> None:
+    """Refuse row numbers that are not feature maps of this model (the Detect row included)."""
+    last = len(model.model) - 2
+    bad = [i for i in layers if not 0 <= i <= last]
+    if bad:
+        raise ValueError(f"--layers {' '.join(map(str, bad))}: this model's feature rows are 0-{last}")
+
+
 def collect_cells(model, images: list[Path], layers: list[int], seed: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per layer, the object-cell and sampled background-cell feature rows over ``images``."""
     captured: dict[int, torch.Tensor] = {}
@@ -87,6 +95,7 @@ def measure(weights: str, data: str, layers: list[int] | None, max_images: int) 
     """Layer -> squared Mahalanobis distance (objects vs background) for one checkpoint."""
     model = load_backend(weights, fuse=False).model.float().eval()
     layers = layers or default_layers(model)
+    check_layers(model, layers)
     images = list_images(check_dataset(data)["val"])[:max_images]
     return {i: squared_mahalanobis(obj, bg) for i, (obj, bg) in collect_cells(model, images, layers).items()}
 
@@ -106,7 +115,10 @@ def main(argv=None) -> None:
     opt = p.parse_args(argv)
     torch.set_num_threads(1)
     for weights in sorted(opt.weights, key=epoch_order):
-        figures = measure(weights, opt.data, opt.layers, opt.max_images)
+        try:
+            figures = measure(weights, opt.data, opt.layers, opt.max_images)
+        except ValueError as e:
+            p.error(str(e))
         print(f"{Path(weights).name:>12}  " + "  ".join(f"layer {i}: {d:7.2f}" for i, d in figures.items()), flush=True)
 
 
