@@ -1,4 +1,5 @@
-"""Chinese documentation stays in step with the English: every command it shows exists in the English."""
+"""Chinese documentation stays in step with the English: every command it shows exists in the English,
+and the two READMEs show the same commands and the same numbers."""
 
 import re
 from pathlib import Path
@@ -29,6 +30,11 @@ def commands(markdown: str) -> set:
     return found
 
 
+def numbers(markdown: str) -> set:
+    """Every number written in a Markdown text (``1,872,157``, ``0.922``, ``50`` of ``mAP50``), as written."""
+    return set(re.findall(r"\d+(?:[.,]\d+)*", markdown))
+
+
 def missing_commands(chinese: str, english: str) -> list:
     """Commands of ``chinese`` that appear neither as a command nor verbatim (whole words) in ``english``."""
     english_commands, english_text = commands(english), _normal(english)
@@ -50,6 +56,19 @@ def test_checker_reports_a_command_that_drifted():
     assert missing_commands(chinese, english) == ["python detect.py --source x", "python train.py --epochs 30"]
 
 
+def test_the_readmes_show_the_same_commands_and_numbers():
+    en, zh = ((ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "README.zh-CN.md"))
+    assert len(commands(en)) >= 10  # both READMEs' commands were really found
+    assert sorted(commands(zh) ^ commands(en)) == []
+    assert sorted(numbers(zh) ^ numbers(en)) == []
+
+
+def test_number_checker_sees_a_changed_figure():
+    english = "It reached mAP50 0.922 on 1,872,157 parameters in 5 min 15 s."
+    assert numbers(english) == {"50", "0.922", "1,872,157", "5", "15"}
+    assert numbers("达到 mAP50 0.92，参数 1,872,157，用时 5 min 15 s。") ^ numbers(english) == {"0.92", "0.922"}
+
+
 def test_every_english_conversion_command_is_in_the_chinese_guide():
     en = commands((ROOT / "docs" / "datasets.md").read_text(encoding="utf-8"))
     zh = commands((ROOT / "docs" / "datasets.zh-CN.md").read_text(encoding="utf-8"))
@@ -66,8 +85,12 @@ def test_readmes_link_each_other_and_cover_the_determinism_error():
         assert f"| `{mode}` |" in zh
 
 
-@pytest.mark.parametrize("chinese", [p for p, _ in PAIRS])
-def test_relative_links_resolve(chinese):
-    path = ROOT / chinese
-    for target in re.findall(r"\]\(([^)#:]+)\)", path.read_text(encoding="utf-8")):
-        assert (path.parent / target).exists(), f"{chinese}: link {target} points at nothing"
+PAGES = ["README.md", "README.zh-CN.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_resolve(page):
+    """Links and pictures of the READMEs and the handbook point at files that exist (anchors not checked)."""
+    path = ROOT / page
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
+        assert (path.parent / target).exists(), f"{page}: link {target} points at nothing"
