@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from utils.augmentations import apply_hsv, hsv_lut, letterbox, mixup, mosaic, paste_small_objects, random_perspective
 from utils.ddp import DistInfo, dist_info_from_env, rank_zero_first
+from utils.env_vars import read
 from utils.errors import UserError
 from utils.extra_hyps import with_extra_hyp
 from utils.files import yaml_load
@@ -29,7 +30,6 @@ from utils.logging import LOGGER
 from utils.ops import xywhn2xyxy, xyxy2xywhn
 from utils.dataset.sampling import DeterministicBatchSampler, DeterministicDataLoader
 
-PIN_MEMORY = os.getenv("PIN_MEMORY", "true").lower() == "true"
 DEFAULT_HYP = Path(__file__).resolve().parents[1] / "data" / "hyps" / "hyp.scratch-low.yaml"
 AUGMENT_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective",
                 "flipud", "fliplr", "mosaic", "mixup")
@@ -330,7 +330,8 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
     sampler = DeterministicBatchSampler(dataset, batch_size, shuffle=shuffle, seed=seed, rank=info.rank,
                                         world_size=info.world_size)
     loader = DeterministicDataLoader(
-        dataset, batch_sampler=sampler, num_workers=nw, pin_memory=PIN_MEMORY and torch.cuda.is_available(),
+        dataset, batch_sampler=sampler, num_workers=nw,
+        pin_memory=torch.cuda.is_available() and read("PIN_MEMORY"),
         collate_fn=LoadImagesAndLabels.collate_fn4 if quad else LoadImagesAndLabels.collate_fn,
         worker_init_fn=_worker_init, persistent_workers=nw > 0,
         generator=torch.Generator().manual_seed(int(seed) % 2**63))  # keeps the global torch RNG untouched

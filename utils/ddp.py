@@ -1,17 +1,21 @@
 """DistributedDataParallel plumbing for ``torchrun`` launches (NCCL on CUDA, gloo on CPU)."""
 
 import datetime
-import os
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from utils.env_vars import read
 from utils.errors import UserError
+from utils.logging import LOGGER
 
-# A rank that dies must not leave the others waiting forever at a barrier.
-PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=float(os.getenv("FFCA_DDP_TIMEOUT_MIN", "30")))
+
+def process_group_timeout() -> datetime.timedelta:
+    """``FFCA_DDP_TIMEOUT_MIN`` (default 30): a rank that dies must not leave the others waiting forever."""
+    return datetime.timedelta(minutes=read("FFCA_DDP_TIMEOUT_MIN"))
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,14 @@ class DistInfo:
 
 def dist_info_from_env(local_rank_flag: int = -1) -> DistInfo:
     """Read ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set by torchrun (``--local_rank`` as fallback)."""
-    world_size = int(os.getenv("WORLD_SIZE", 1))
+    world_size = read("WORLD_SIZE")
     if world_size <= 1:
         return DistInfo()
-    local_rank = int(os.getenv("LOCAL_RANK", local_rank_flag))
-    rank = int(os.getenv("RANK", local_rank))
+    local_rank = read("LOCAL_RANK") if read("LOCAL_RANK") >= 0 else local_rank_flag
+    rank = read("RANK") if read("RANK") >= 0 else local_rank
+    if rank >= world_size:
+        raise UserError(f"RANK={rank} with WORLD_SIZE={world_size}: a rank counts from 0 to WORLD_SIZE - 1; "
+                        "start the job with torchrun, which sets both")
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
 
 
@@ -61,11 +68,16 @@ def per_rank_batch_size(opt, info: DistInfo) -> int:
 
 
 def init_process_group(info: DistInfo, device: torch.device) -> None:
-    """Start the process group: NCCL for CUDA devices, gloo for CPU, with a bounded timeout."""
+    """Start the process group: NCCL for CUDA devices, gloo for CPU, with a bounded timeout.
+
+    From here on only rank 0 logs at INFO, so the job prints one copy of the run's progress."""
+    timeout = process_group_timeout()
     backend = "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
+    if not info.is_main:
+        LOGGER.setLevel(logging.WARNING)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend, timeout=PROCESS_GROUP_TIMEOUT)
+    dist.init_process_group(backend=backend, timeout=timeout)
 
 
 def barrier(info: DistInfo) -> None:

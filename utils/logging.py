@@ -1,9 +1,7 @@
-"""Project logger and terminal colouring (rank-aware: only rank 0 logs at INFO)."""
+"""Project logger and terminal colouring (rank-aware once DDP starts: then only rank 0 logs at INFO)."""
 
 import logging
 import sys
-
-from utils.ddp import dist_info_from_env
 
 LOGGING_NAME = "ffca"
 
@@ -23,7 +21,7 @@ def _make_logger(name: str = LOGGING_NAME) -> logging.Logger:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(ProjectFormatter())
         logger.addHandler(handler)
-    logger.setLevel(logging.INFO if dist_info_from_env().is_main else logging.WARNING)
+    logger.setLevel(logging.INFO)  # utils.ddp.init_process_group lowers it on ranks other than 0
     logger.propagate = False
     return logger
 

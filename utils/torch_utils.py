@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from utils.ddp import dist_info_from_env
+from utils.env_vars import recorded
 from utils.determinism.messages import adoption_summary, scoped_failure_message, strict_failure_message
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
@@ -59,7 +60,7 @@ def _masked_ids(ids: list[int], device) -> list[str]:
     as the GPU proof that selected a GPU) already renumbered the GPUs, so ``ids`` count within it;
     a mask this process exported itself is replaced, as the indices count the same GPUs as before.
     """
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    mask = recorded("CUDA_VISIBLE_DEVICES")
     if mask is None or mask == _exported_mask:
         return [str(i) for i in ids]
     visible = [entry.strip() for entry in mask.split(",") if entry.strip()]
@@ -454,8 +455,8 @@ def determinism_state() -> dict:
         "fill_uninitialized_memory": fill_memory,
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
+        "CUBLAS_WORKSPACE_CONFIG": recorded("CUBLAS_WORKSPACE_CONFIG"),
+        "PYTHONHASHSEED": recorded("PYTHONHASHSEED"),
     }
 
 
@@ -469,7 +470,7 @@ def _ensure_cublas_workspace() -> None:
     cuBLAS reads the variable when CUDA creates its handles, so it must be set before any CUDA
     work; if CUDA is already initialised with another value, say that setting it now is too late.
     """
-    current = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    current = recorded("CUBLAS_WORKSPACE_CONFIG")
     if current in _CUBLAS_DETERMINISTIC_VALUES:
         return
     if torch.cuda.is_initialized():  # not is_available(): it starts the driver before select_device picks a GPU

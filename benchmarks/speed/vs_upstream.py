@@ -239,8 +239,10 @@ def prepare(args, scratch):
 
 def worker_env(side, cfg):
     """The worker's environment: the side's tree first on PYTHONPATH, so ``models``/``utils`` come from it."""
+    from utils.env_vars import recorded  # not at the top: an upstream worker's ``utils`` is upstream's own
+
     folder = cfg["upstream"][0] if side == "upstream" else str(ROOT)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [folder, recorded("PYTHONPATH")]))}
 
 
 def run_worker(side, task, cfg):
@@ -275,7 +277,7 @@ def table(results):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--upstream", default=os.environ.get("YOLOV5_UPSTREAM"),
+    parser.add_argument("--upstream", default=None,
                         help="PyPI install folder (pip --target) or upstream checkout; default $YOLOV5_UPSTREAM")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--pairs", type=int, default=3, help="alternating (ours, upstream) runs per task")
@@ -298,7 +300,9 @@ def main(argv=None):
     if args.worker:
         worker(*args.worker, json.loads(args.config))
         return 0
-    upstream = find_upstream(args.upstream)
+    from utils.env_vars import read  # not at the top: an upstream worker's ``utils`` is upstream's own
+
+    upstream = find_upstream(args.upstream or read("YOLOV5_UPSTREAM"))
     if upstream is None:
         print(f"upstream YOLOv5 not found ({args.upstream or 'no --upstream given'}); skipping. Install it apart "
               "from the project with `pip install --no-deps --target /tmp/yolov5pkg yolov5==7.0.14` and pass "

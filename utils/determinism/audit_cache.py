@@ -17,7 +17,6 @@ only the cache, never the run.
 import hashlib
 import inspect
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss
+from utils.env_vars import read
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
 
@@ -39,13 +39,7 @@ _STATISTICS = ("running_mean", "running_var", "num_batches_tracked")  # BatchNor
 
 def cache_dir() -> Path | None:
     """The cache folder, or None when ``$FFCA_AUDIT_CACHE`` is ``off`` (also ``0``, ``false``, ``no``)."""
-    setting = os.environ.get(CACHE_ENV, "").strip()
-    if setting.lower() in ("off", "0", "false", "no"):
-        return None
-    if setting:
-        return Path(setting).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ffca-yolo" / "audit"
+    return read(CACHE_ENV)
 
 
 def _digest(text: str | bytes) -> str:

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import torch
 
+from utils.env_vars import recorded
 from utils.torch_utils import determinism_state
 
 
@@ -51,7 +52,7 @@ def environment_report() -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "omp_num_threads": recorded("OMP_NUM_THREADS"),
         "determinism": determinism_state(),
     }
 

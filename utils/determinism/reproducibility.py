@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torchvision
 
+from utils.env_vars import recorded
 from utils.files import atomic_write_bytes
 
 
@@ -65,8 +66,8 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         },
         "devices": device_names(device),
-        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
+        "CUBLAS_WORKSPACE_CONFIG": recorded("CUBLAS_WORKSPACE_CONFIG"),
+        "PYTHONHASHSEED": recorded("PYTHONHASHSEED"),
         "world_size": dist.world_size,
         "workers": opt.workers,
         "threads": torch.get_num_threads(),

@@ -13,6 +13,7 @@ import contextvars
 import importlib
 from pathlib import Path
 
+from utils.env_vars import read
 from utils.errors import UserError
 from utils.training.interrupts import forget_before_interrupt_exit, run_before_interrupt_exit
 from utils.tracking.run_record import MAX_PARAM_CHARS
@@ -41,6 +42,8 @@ def check_loggers(opt) -> None:
         except ImportError:
             raise UserError(f"--logger {name}: the '{package}' package is not installed; run 'pip install {package}' "
                             f"(or pip install -r requirements-extras.txt), or drop --logger {name}") from None
+    if "mlflow" in requested(opt):
+        read("MLFLOW_TRACKING_URI")  # a store MLflow cannot open stops the run here, before any folder
 
 
 def end_status(exc_type) -> str:

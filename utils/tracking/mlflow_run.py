@@ -11,10 +11,10 @@ tracker turns itself off: training goes on and results.csv keeps every figure.
 """
 
 import json
-import os
 import time
 from pathlib import Path
 
+from utils.env_vars import MLFLOW_HTTP_DEFAULTS, pass_on, read
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
 from utils.tracking.run_record import REPO_ROOT, finite_metrics, run_artifacts, run_params, run_tags
@@ -23,17 +23,13 @@ from utils.training.results_log import COLUMNS
 DEFAULT_STORE = REPO_ROOT / "runs"
 RECORD = "mlflow.json"  # in the run folder: which MLflow run holds this folder's epochs
 EPOCH_METRIC = COLUMNS[1]  # train/box_loss, in every row: its history says which epochs a run holds
-# A remote server that does not answer must not hold training for minutes (MLflow retries 7 times with
-# back-off by default); the user's own settings of these variables win.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 PREFIX = colorstr("MLflow: ")
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else the SQLite store under the repository's ``runs/``."""
-    return os.environ.get("MLFLOW_TRACKING_URI", "").strip() or f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}"
+    return read("MLFLOW_TRACKING_URI") or f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}"
 
 
 def artifact_root(uri: str) -> str | None:
@@ -45,7 +41,7 @@ def artifact_root(uri: str) -> str | None:
 
 def experiment_name(save_dir: Path) -> str:
     """``MLFLOW_EXPERIMENT_NAME``, else the project folder's name (runs/train/exp -> 'train')."""
-    return os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip() or save_dir.resolve().parent.name or "default"
+    return read("MLFLOW_EXPERIMENT_NAME") or save_dir.resolve().parent.name or "default"
 
 
 class MlflowTracker:
@@ -70,8 +66,10 @@ class MlflowTracker:
 
     def _open(self, opt, start_epoch: int, params, keep_record: bool) -> None:
         if self.uri.startswith(("http://", "https://")):
-            for key, value in HTTP_DEFAULTS.items():
-                os.environ.setdefault(key, value)
+            # a server that does not answer must not hold training for minutes (MLflow retries 7 times
+            # with back-off by default); the user's own valid settings win
+            for name in MLFLOW_HTTP_DEFAULTS:
+                pass_on(name)
         elif self.uri == f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}":
             DEFAULT_STORE.mkdir(parents=True, exist_ok=True)
         from mlflow import MlflowClient  # optional package, checked before training by check_loggers

@@ -8,7 +8,7 @@ import os
 import re
 from contextlib import contextmanager
 
-from utils.ddp import PROCESS_GROUP_TIMEOUT, DistInfo
+from utils.ddp import DistInfo, process_group_timeout
 from utils.logging import LOGGER
 from utils.training.interrupts import flush_output
 
@@ -27,7 +27,7 @@ def lost_peer_line(error: BaseException, info: DistInfo) -> str | None:
         return None
     peer = f"rank {1 - info.rank}" if info.world_size == 2 else "another rank"
     address = re.search(r"\[[^\]]*\]:\d+", text)  # e.g. [127.0.0.1]:4311
-    minutes = PROCESS_GROUP_TIMEOUT.total_seconds() / 60
+    minutes = process_group_timeout().total_seconds() / 60
     return (f"rank {info.rank} lost {peer}{f' at {address[0]}' if address else ''} ({reason}): its process or "
             f"node stopped, so this rank stops too; ranks still waiting give up after the process-group timeout "
             f"(FFCA_DDP_TIMEOUT_MIN={minutes:g} min). See that node's log, then --resume on every node")

@@ -11,7 +11,6 @@ training after a failed save only while an earlier good ``last.pt`` exists; only
 holding the final state is stripped and checksummed (from the file), never a stale one.
 """
 
-import os
 import time
 from copy import deepcopy
 from datetime import datetime
@@ -21,6 +20,7 @@ import torch
 import torchvision
 
 from utils.training.checkpoints import float_weights, load_checkpoint, save_checkpoint, state_dict_sha256, to_plain
+from utils.env_vars import read
 from utils.errors import UserError
 from utils.files import remove_orphaned_temp_files
 from utils.logging import LOGGER
@@ -35,13 +35,7 @@ SIGKILL_AFTER_BATCH_ENV = "YOLO_SIGKILL_AFTER_BATCH"
 
 def sigkill_after_batch() -> int:
     """The batch count after which epoch 0 saves ``last.pt`` and SIGKILLs its own process; 0 = never."""
-    value = os.environ.get(SIGKILL_AFTER_BATCH_ENV, "").strip()
-    if not value:
-        return 0
-    if not value.isdigit() or int(value) < 1:
-        raise UserError(f"{SIGKILL_AFTER_BATCH_ENV}={value!r}: expected a batch count of at least 1 "
-                        f"(a test-only switch; unset it for normal training)")
-    return int(value)
+    return read(SIGKILL_AFTER_BATCH_ENV)
 
 
 def cloned_state(state_dict: dict) -> dict:
