@@ -39,7 +39,7 @@ from utils.dataset.tiles import box_scale, resolve_tile_size  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group,
-                       max_over_ranks, per_rank_batch_size)
+                       max_over_ranks, per_rank_batch_size, rank_ordered_mean_hook)
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
@@ -401,6 +401,8 @@ class TrainLoop:
             LOGGER.info("Using SyncBatchNorm()")
         self.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
                          output_device=self.dist.local_rank if cuda else None)
+        if self.ctx.policy.mode != "off":  # reproducible sums at any world size, also across a resume
+            self.model.register_comm_hook(None, rank_ordered_mean_hook)
 
     def gather_cuda_rng(self) -> list | None:
         """Every rank's CUDA generator state for the checkpoint (None outside DDP); all ranks must call it."""

@@ -127,3 +127,29 @@ def max_over_ranks(values: list, info: DistInfo) -> list:
     tensor = torch.tensor([int(v) for v in values], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [int(v) for v in tensor.tolist()]
+
+
+def rank_ordered_mean_hook(process_group, bucket):
+    """DDP communication hook: every rank's gradients gathered, then summed in rank order.
+
+    DDP's default all-reduce sums a bucket's elements in an order set by where each element sits in
+    the bucket, and DDP lays its buckets out anew after the first iteration of every DDP object.
+    A resumed run builds a fresh DDP, so its first step sums on the initial layout while the
+    uninterrupted run is already on the rebuilt one; with three or more ranks ``(a + b) + c`` and
+    ``a + (b + c)`` differ in the last bit. NCCL may also pick ring, tree or NVLS by message size.
+    Gathering and adding ``rank 0 + rank 1 + ...`` element-wise makes each sum independent of bucket
+    layout, algorithm and topology. It moves ``world_size`` times a bucket instead of about twice.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    world_size = dist.get_world_size(group)
+    grads = bucket.buffer()
+    parts = [torch.empty_like(grads) for _ in range(world_size)]
+    work = dist.all_gather(parts, grads, group=group, async_op=True)
+
+    def mean_in_rank_order(_):
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total.add_(part)
+        return total.div_(world_size)
+
+    return work.get_future().then(mean_in_rank_order)

@@ -1,0 +1,85 @@
+"""SIGTERM in the middle of an epoch and ``--resume`` under DDP with 3 and 4 ranks (gloo on CPU).
+
+With two ranks every element-wise gradient sum is ``a + b == b + a``, so a resume that reduces in
+another order cannot show. From three ranks on ``(a + b) + c != a + (b + c)`` in the last bit, and a
+fresh DDP object (which every ``--resume`` builds) starts on other gradient buckets than the
+uninterrupted run is using by then. These runs end with the uninterrupted run's checksum only when
+the reduction order is independent of the bucket layout (utils/ddp.py, ``rank_ordered_mean_hook``).
+"""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import write_shapes_dataset
+from tests.support.launchers import launcher_env
+from tests.support.run_outputs import assert_identical
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHES_PER_EPOCH = 6
+TIMEOUT_S = 400
+
+
+def torchrun_cmd(nproc: int, *args) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "train.py", *map(str, args)]
+
+
+def train_args(data: Path, project: Path, name: str, nproc: int) -> list:
+    # --save-interval 0.001 min writes last.pt after every step: where the watcher can see the position
+    return ["--data", data, "--cfg", ROOT / "tests" / "models" / "tiny.yaml", "--project", project, "--name", name,
+            "--imgsz", "64", "--batch-size", 2 * nproc, "--epochs", "2", "--device", "cpu", "--workers", "0",
+            "--noplots", "--exist-ok", "--save-interval", "0.001", "--seed", "3"]
+
+
+def saved_position(last_pt: Path):
+    try:
+        return tuple(torch.load(last_pt, weights_only=True)["next_position"])
+    except (FileNotFoundError, RuntimeError, EOFError, KeyError):
+        return None  # not written yet, or being replaced right now
+
+
+def sigterm_in_epoch_one(cmd: list, last_pt: Path, log: Path) -> subprocess.CompletedProcess:
+    """Start ``cmd`` and send its launcher SIGTERM once epoch 1's first step is on disk."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + TIMEOUT_S
+        while proc.poll() is None and time.time() < deadline:
+            position = saved_position(last_pt)
+            if position is not None and position >= (1, 1):
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.05)
+        proc.wait(timeout=TIMEOUT_S)
+    return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text())
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ddp_resume_data")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [3, 4])
+def test_sigterm_mid_epoch_then_resume_matches_uninterrupted(nproc, data, tmp_path):
+    data_yaml = write_shapes_dataset(data / f"n{nproc}", n_train=BATCHES_PER_EPOCH * 2 * nproc, n_val=4)
+    whole = subprocess.run(torchrun_cmd(nproc, *train_args(data_yaml, tmp_path, "whole", nproc)), cwd=ROOT,
+                           env=launcher_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+
+    last_pt = tmp_path / "stopped" / "weights" / "last.pt"
+    stopped = sigterm_in_epoch_one(torchrun_cmd(nproc, *train_args(data_yaml, tmp_path, "stopped", nproc)), last_pt,
+                                   tmp_path / "stopped.log")
+    assert stopped.returncode != 0, "the run finished before SIGTERM reached it: " + stopped.stdout[-2000:]
+    epoch, batch = saved_position(last_pt) or (None, None)
+    assert epoch == 1 and 0 < batch < BATCHES_PER_EPOCH, (epoch, batch, stopped.stdout[-3000:])  # a stop in the middle of an epoch
+
+    resumed = subprocess.run(torchrun_cmd(nproc, "--resume", last_pt), cwd=ROOT, env=launcher_env(),
+                             capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert_identical(tmp_path / "stopped", tmp_path / "whole")
