@@ -82,3 +82,28 @@ def test_unreadable_run_is_one_error_line_exit_2(tmp_path, capsys, missing):
         main([str(a), str(b)])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("ERROR:") and str(b) in err[0]
+
+
+BROKEN_RECORDS = {
+    "a list": "[1, 2, 3]", "null": "null", "a string": '"report"',
+    "no mode": json.dumps({"threads": 2, "world_size": 1, "versions": {}, "data_fingerprint": "f"}),
+    "a list of versions": json.dumps({"mode": "scoped", "threads": 2, "world_size": 1, "versions": [],
+                                      "data_fingerprint": "f"}),
+    "a text thread count": json.dumps({"mode": "scoped", "threads": "2", "world_size": 1, "versions": {},
+                                       "data_fingerprint": "f"}),
+    "a checksum number": json.dumps({"mode": "scoped", "threads": 2, "world_size": True, "versions": {},
+                                     "data_fingerprint": "f", "final_ema_sha256": 7}),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_RECORDS, ids=list(BROKEN_RECORDS))
+def test_a_record_that_is_not_one_is_exit_2_naming_the_file_not_a_verdict(tmp_path, capsys, broken):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    (b / "determinism.json").write_text(BROKEN_RECORDS[broken])
+    for argv in ([str(a), str(b)], [str(b), str(a)]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert exit_info.value.code == 2 and captured.out == "", (broken, err)
+        assert len(err) == 1 and err[0].startswith(f"ERROR: {b / 'determinism.json'}: "), err

@@ -3,7 +3,8 @@
 Prints, in order of cause: differing options and hyperparameters, differing environment fields
 (versions, devices, threads, world size, determinism mode and audit), whether the training data
 differs (``data_fingerprint``), the first epoch whose results.csv row differs, and the final
-checksums. Exit code 0: identical, 1: they differ, 2: a run folder cannot be read.
+checksums. Exit code 0: identical, 1: they differ, 2: a run folder cannot be read or its
+determinism.json is not a record train.py writes (one line naming the file).
 """
 
 import argparse
@@ -19,8 +20,27 @@ from utils.files import yaml_load
 RUN_NAMING_OPTIONS = {"name", "project", "save_dir", "exist_ok", "resume"}
 ENVIRONMENT_FIELDS = ("versions", "devices", "threads", "world_size", "workers", "mode", "audit",
                       "relaxed_backward", "policy_state", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "seed")
+# What every determinism.json train.py writes holds, and the types compare relies on.
+RECORD_FIELDS = {"mode": (str,), "world_size": (int,), "threads": (int,), "versions": (dict,),
+                 "data_fingerprint": (str, type(None))}
+OPTIONAL_FIELDS = {"final_ema_sha256": (str, type(None)), "policy_state": (dict, type(None))}
 # Older determinism.json files repeat these inside policy_state; their top-level copies are what is compared.
 REPEATED_IN_POLICY_STATE = ("audit", "nondeterministic_ops")
+
+
+def check_record(report, path: Path) -> None:
+    """A determinism.json that is not a record train.py writes is one UserError naming the file: a crash
+    must never read as compare's "the runs differ"."""
+    if not isinstance(report, dict):
+        raise UserError(f"{path}: not a determinism record (a JSON {type(report).__name__}, expected an object "
+                        "written by train.py)")
+    missing = [key for key in RECORD_FIELDS if key not in report]
+    if missing:
+        raise UserError(f"{path}: not a determinism record (no {', '.join(missing)}); was it written by train.py?")
+    for key, kinds in {**RECORD_FIELDS, **OPTIONAL_FIELDS}.items():
+        if key in report and (not isinstance(report[key], kinds) or isinstance(report[key], bool)):
+            raise UserError(f"{path}: '{key}' is a {type(report[key]).__name__}, expected "
+                            f"{' or '.join(kind.__name__ for kind in kinds)}")
 
 
 def _read_run(run_dir: Path) -> dict:
@@ -33,6 +53,7 @@ def _read_run(run_dir: Path) -> dict:
         report = json.loads(report_path.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{report_path}: not valid JSON ({e})") from None
+    check_record(report, report_path)
     if isinstance(report.get("policy_state"), dict):
         report["policy_state"] = {k: v for k, v in report["policy_state"].items() if k not in REPEATED_IN_POLICY_STATE}
     results = run_dir / "results.csv"
