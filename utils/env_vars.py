@@ -122,7 +122,8 @@ VARIABLES = {v.name: v for v in (
 )}
 # Read as they are, never interpreted: written into run records, or handed on unchanged (to CUDA, cuBLAS or
 # child processes).
-RECORDED = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
+RECORDED = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH",
+            "NCCL_NVLS_ENABLE")
 
 
 def read(name: str):
@@ -144,6 +145,11 @@ def recorded(name: str) -> str | None:
     if name not in RECORDED:
         raise KeyError(f"{name} is not a recorded variable; add it to RECORDED or VARIABLES")
     return os.environ.get(name)
+
+
+def recorded_nccl() -> dict:
+    """Every ``NCCL_*`` variable as set (NCCL reads them itself; a run records them to explain a difference)."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("NCCL_")}
 
 
 def pass_on(name: str) -> None:

@@ -353,8 +353,9 @@ def _cuda_index(device) -> int:
 
 def cuda_rng_state(device=None) -> torch.Tensor | None:
     """This process's CUDA generator state on ``device`` (default: the current device) as a uint8 CPU
-    tensor; None when CUDA is not initialised (querying would allocate a context on the GPU)."""
-    if not _cuda_ready():
+    tensor; None for a non-CUDA ``device`` or when CUDA is not initialised (querying would allocate
+    a context on the GPU)."""
+    if not _cuda_ready() or (device is not None and torch.device(device).type != "cuda"):
         return None
     return torch.cuda.get_rng_state(_cuda_index(device)).clone()
 
@@ -382,6 +383,18 @@ def get_rng_state(cuda_by_rank: list | None = None) -> dict:
     }
 
 
+@contextlib.contextmanager
+def preserved_rng_state(device=None):
+    """Every RNG stream as it was before the block, ``device``'s CUDA generator included: trial work
+    (AutoBatch, the audit) may run DropPath in training mode without moving the run's streams."""
+    own = cuda_rng_state(device)
+    saved = get_rng_state(cuda_by_rank=[] if own is None else [own])
+    try:
+        yield
+    finally:
+        set_rng_state(saved, device=device)
+
+
 def set_rng_state(state: dict, rank: int = -1, device=None) -> None:
     """Restore streams saved by :func:`get_rng_state`; a malformed state is a UserError.
 
@@ -400,7 +413,8 @@ def set_rng_state(state: dict, rank: int = -1, device=None) -> None:
         raise UserError(f"RNG state in the checkpoint is malformed ({type(e).__name__}: {e}); "
                         "the checkpoint was not written by this project's train.py") from None
     slot = max(rank, 0)
-    if not cuda_states or not torch.cuda.is_available():
+    on_cpu = device is not None and torch.device(device).type != "cuda"
+    if not cuda_states or on_cpu or not torch.cuda.is_available():
         return
     if slot >= len(cuda_states) or cuda_states[slot] is None:
         LOGGER.warning(f"checkpoint holds no CUDA RNG state for rank {slot} ({len(cuda_states)} saved); "
@@ -484,6 +498,20 @@ def prepare_cuda_environment(mode: str) -> None:
     """Before anything touches CUDA: export what a determinism ``mode`` needs from the environment."""
     if _check_mode(mode) != "off":
         _ensure_cublas_workspace()
+        _disable_nccl_nvls()
+
+
+def _disable_nccl_nvls() -> None:
+    """NCCL's NVLS all-reduce (NVSwitch H100/H200 nodes) is not run-to-run deterministic (NVIDIA/nccl#1497).
+
+    DDP's gradients are gathered, not all-reduced, in these modes, but NCCL also all-reduces
+    elsewhere (SyncBatchNorm, user code); NCCL reads the variable when its communicator starts.
+    """
+    current = recorded("NCCL_NVLS_ENABLE")
+    if current not in (None, "0"):
+        LOGGER.warning(f"NCCL_NVLS_ENABLE={current} overridden with 0: NVLS all-reduce is not deterministic "
+                       "(use --deterministic off to keep it)")
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
 
 
 def _check_mode(mode) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from utils.env_vars import recorded
+from utils.env_vars import recorded, recorded_nccl
 from utils.files import atomic_write_bytes
 
 
@@ -17,6 +17,14 @@ def device_names(device: torch.device) -> list:
     if device.type == "cuda":
         return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return [f"cpu ({os.cpu_count()} cores)"]
+
+
+def nccl_version() -> str | None:
+    """The NCCL this torch was built with, as ``major.minor.patch`` (None for builds without NCCL)."""
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def data_fingerprint(im_files, label_files) -> str:
@@ -68,6 +76,7 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=
         "devices": device_names(device),
         "CUBLAS_WORKSPACE_CONFIG": recorded("CUBLAS_WORKSPACE_CONFIG"),
         "PYTHONHASHSEED": recorded("PYTHONHASHSEED"),
+        "nccl": {"version": nccl_version(), "environment": recorded_nccl()},
         "world_size": dist.world_size,
         "workers": opt.workers,
         "threads": torch.get_num_threads(),

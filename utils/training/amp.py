@@ -5,6 +5,25 @@ import torch
 from utils.logging import LOGGER, colorstr
 
 
+def amp_for_run(model, resume_ckpt=None) -> bool:
+    """AMP on or off: :func:`check_amp` for a new run, the checkpoint's decision for a resume.
+
+    Checking again on resumed weights could flip the decision, and with it the precision of every
+    later step and the GradScaler state the checkpoint holds. Checkpoints from before the decision
+    was stored tell it by their GradScaler state, which is empty when AMP was off.
+    """
+    if resume_ckpt is None:
+        return check_amp(model)
+    stored = resume_ckpt.get("amp")
+    amp = bool(resume_ckpt.get("scaler")) if stored is None else bool(stored)
+    if amp and next(model.parameters()).device.type != "cuda":
+        LOGGER.warning(f"{colorstr('AMP: ')}the checkpoint trained with AMP on CUDA; resuming in fp32 on this "
+                       "device, so the run will not be bit-identical to an uninterrupted one")
+        return False
+    LOGGER.info(f"{colorstr('AMP: ')}{'on' if amp else 'off'}, as in the checkpoint")
+    return amp
+
+
 def check_amp(model, imgsz: int = 256, atol: float = 0.1) -> bool:
     """Compare fp32 and autocast eval outputs of ``model`` on a fixed input; True if AMP is safe.
 

@@ -52,8 +52,8 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
                    last_opt_step, mloss, opt, hyp, world_size=1, cuda_rng_by_rank=None) -> dict:
     """Capture the full training state; ``position = (epoch, next_batch)`` is where to continue.
 
-    ``cuda_rng_by_rank``: every DDP rank's CUDA generator state, gathered by the caller (see
-    :func:`utils.torch_utils.get_rng_state`); None outside DDP.
+    ``cuda_rng_by_rank``: every rank's CUDA generator state on its training device, gathered by the
+    caller (one entry outside DDP; see :func:`utils.torch_utils.get_rng_state`).
     """
     m = de_parallel(model)
     return {
@@ -66,6 +66,7 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
         "optimizer": optimizer.state_dict(),
         "scheduler": to_plain(scheduler.state_dict()),
         "scaler": scaler.state_dict(),
+        "amp": bool(scaler.is_enabled()),
         "grads": [None if p.grad is None else p.grad.detach().cpu().clone() for p in m.parameters()],
         "epoch": int(position[0]) - 1,
         "next_position": [int(position[0]), int(position[1])],
