@@ -35,6 +35,7 @@ from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
+from utils.out_of_memory import DETECT_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
 from utils.dataset.sources import LoadImages, Webcam  # noqa: E402
@@ -259,9 +260,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
 
     ``model``: an already-loaded eval model (``weights`` and ``device`` are then ignored); a plain
     ``nn.Module`` is wrapped in ``PyTorchBackend``, which moves it to channels-last in place.
-    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``:
-    consecutive images or video frames of one letterboxed shape run through the model together
-    (0: :func:`auto_batch_size`).
+    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``: consecutive
+    images or video frames of one letterboxed shape run through the model together (0: :func:`auto_batch_size`).
     Returns the run folder.
     """
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
@@ -294,7 +294,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
                    line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
     for frames in frame_batches(dataset, batch_size):
-        dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
+        with out_of_memory_hint("detection", batch_size, imgsz, device, DETECT_ADVICE):
+            dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
         dt = [total + t for total, t in zip(dt, times)]
         seen += len(frames)
         for f, det in zip(frames, dets):

@@ -53,6 +53,7 @@ from utils.training.evolve import META, evolve  # noqa: E402
 from utils.options import (OptionRules, add_shared_flags, check_options, merge_resumed_options,  # noqa: E402
                            typed_flags)
 from utils.ops import check_img_size  # noqa: E402
+from utils.out_of_memory import out_of_memory_hint  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
 from utils.training.results_log import ResultsLog  # noqa: E402
@@ -218,19 +219,14 @@ def freeze_layers(model, freeze: list) -> list:
     return prefixes
 
 
-def write_run_header(save_dir: Path, opt, hyp: dict) -> None:
-    """hyp.yaml, opt.yaml and environment.yaml: what is needed to rerun or explain this run."""
+def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
+    """The run folder with hyp.yaml, opt.yaml and environment.yaml (what reruns or explains the run), once options,
+    data and loaders are checked; an unwritable folder is one UserError line before any training."""
+    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project}"
+    ensure_writable_dir(save_dir / "weights", where)
     yaml_save(save_dir / "hyp.yaml", hyp)
     yaml_save(save_dir / "opt.yaml", plain_opt(opt))
     yaml_save(save_dir / "environment.yaml", environment_report())
-
-
-def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
-    """Create the run folder once the options and data YAML are checked; a folder that cannot be
-    written is one UserError line before any training (not a traceback after the first epoch)."""
-    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project}"
-    ensure_writable_dir(save_dir / "weights", where)
-    write_run_header(save_dir, opt, hyp)
 
 
 # ---------------------------------------------------------------------------------------- train
@@ -284,9 +280,9 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     per_rank_batch = per_rank_batch_size(opt, dist)
-    if dist.is_main:  # only now: bad options, data or model YAMLs leave no run folder behind
-        create_run_folder(save_dir, opt, hyp)
     train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid_size)
+    if dist.is_main:  # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
+        create_run_folder(save_dir, opt, hyp)
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
                      plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
@@ -309,7 +305,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
 
-    with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror:
+    with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror, out_of_memory_hint(
+            "training", per_rank_batch, imgsz, device, saved=ctx.saver.describe):
         return report_run_end(ctx, loop, *loop.run())
 
 

@@ -35,6 +35,7 @@ from utils.logging import LOGGER, colorstr, log_speed_and_outputs  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
 from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, yolo_label_lines  # noqa: E402
+from utils.out_of_memory import TRAIN_ADVICE, VAL_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import (output_to_target, plot_ap_curves, plot_band_pr, plot_confusion_matrix,  # noqa: E402
                          plot_images)
 from utils.size_metrics import SizeBandStats, log_band_table  # noqa: E402
@@ -135,16 +136,15 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     precision applies on CUDA only. ``max_det`` None takes the data YAML's ``max_det``
     (:func:`detections_per_image`). The size-band metrics (utils/size_metrics.py) are computed outside
     training, and during training with ``size_bands=True`` or ``verbose``; they are printed under the
-    usual table outside training or with ``verbose``. ``slice_size`` > 0 predicts each full-size
-    image by sliced inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes
-    PR_curve_bands.png: precision-recall at IoU 0.5 per object-size band.
+    usual table outside training or with ``verbose``. ``slice_size`` > 0 predicts each full-size image by sliced
+    inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes PR_curve_bands.png:
+    precision-recall at IoU 0.5 per object-size band. Running out of memory is one line (utils/out_of_memory.py).
     """
     training = model is not None
     if training:
         model, device, half = _training_model(model, half)
     else:
-        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data,
-                                                         single_cls)
+        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls)
     model.eval()
     max_det = detections_per_image(max_det, data)
     nc = 1 if single_cls else int(data["nc"])
@@ -166,7 +166,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
                        max_det=max_det)
     predict = partial(_predict_batch, model, slicer, half=half, augment=augment, compute_loss=compute_loss,
                       save_hybrid=save_hybrid, nms_options=nms_options)
-    dt, loss = _validate_batches(dataloader, predict, device, record, save_dir if plots else None, names)
+    with out_of_memory_hint("validation", batch_size, imgsz, device, TRAIN_ADVICE if training else VAL_ADVICE):
+        dt, loss = _validate_batches(dataloader, predict, device, record, save_dir if plots else None, names)
     seen = len(record.stats)
     mp, mr, map50, map_, maps = _summarise(record.stats, nc, names, seen, plots, save_dir,
                                            verbose or (nc < 50 and not training), training)

@@ -15,11 +15,13 @@ import numpy as np
 import torch
 
 from utils.logging import LOGGER, colorstr
+from utils.out_of_memory import out_of_memory_hint
 
 PREFIX = colorstr("AutoBatch: ")
 PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16)
 MAX_BATCH_SIZE = 1024
 GIB = 1 << 30
+AUTOBATCH_ADVICE = "a smaller --imgsz or a smaller model (--cfg)"
 
 
 def fit_batch_size(batch_sizes, memory_gib, budget_gib: float, default: int = 16) -> tuple[int, np.ndarray | None]:
@@ -75,7 +77,7 @@ def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: 
     name = torch.cuda.get_device_name(device)
     LOGGER.info(f"{PREFIX}{name} {total / GIB:.2f}G total, {available:.2f}G available, aiming for {fraction:.0%}")
 
-    memory = profile_memory(model, imgsz, amp, policy, _cuda_peak_gib)
+    memory = profile_or_fail(model, imgsz, amp, policy, _cuda_peak_gib)
     torch.cuda.empty_cache()
 
     batch, line = fit_batch_size(PROFILE_BATCH_SIZES, memory, fraction * available, default)
@@ -84,6 +86,17 @@ def check_train_batch_size(model, imgsz: int = 640, amp: bool = True, fraction: 
         LOGGER.info(f"{PREFIX}using batch-size {batch}: about {predicted:.2f}G of {available:.2f}G "
                     f"({predicted / available:.0%}) ✅")
     return batch
+
+
+def profile_or_fail(model, imgsz: int, amp: bool, policy, measure: Callable) -> list:
+    """:func:`profile_memory`, where a smallest trial batch that does not fit is the one-line out-of-memory error:
+    the default batch size it would fall back to fits even less."""
+    device = next(model.parameters()).device
+    with out_of_memory_hint("AutoBatch", PROFILE_BATCH_SIZES[0], imgsz, device, AUTOBATCH_ADVICE):
+        memory = profile_memory(model, imgsz, amp, policy, measure)
+        if memory[0] is None:
+            raise torch.OutOfMemoryError(f"AutoBatch's trial at batch size {PROFILE_BATCH_SIZES[0]}: out of memory")
+    return memory
 
 
 def profile_memory(model, imgsz: int, amp: bool, policy, measure: Callable) -> list:

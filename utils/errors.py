@@ -12,8 +12,14 @@ class UserError(Exception):
     """A problem in the user's input; the message names the file/flag/value and the fix."""
 
 
+class OutOfMemory(Exception):
+    """A step did not fit in memory; the message names the step, batch size, image size and device and what to
+    try. Not the user's mistake in the strict sense, so it exits 1, not 2 (see utils/out_of_memory.py)."""
+
+
 def exit_on_user_error(func):
-    """Run ``func(*args, **kwargs)``; turn a UserError into one ``ERROR:`` line and exit code 2."""
+    """Run ``func(*args, **kwargs)``; turn a UserError into one ``ERROR:`` line and exit code 2, and running
+    out of memory into one ``ERROR:`` line and exit code 1."""
 
     def wrapper(*args, **kwargs):
         try:
@@ -21,6 +27,9 @@ def exit_on_user_error(func):
         except UserError as e:
             print(f"ERROR: {e}", file=sys.stderr)
             sys.exit(2)
+        except OutOfMemory as e:
+            print(f"ERROR: {e}", file=sys.stderr)
+            sys.exit(1)
 
     wrapper.__name__ = func.__name__
     wrapper.__doc__ = func.__doc__
