@@ -278,3 +278,46 @@ def test_evolve_logs_each_generation_as_a_child_run(shapes_data, tiny_cfg, tmp_p
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
     assert all(r.info.status == "FINISHED" for r in children)
     assert {"evolve.csv", "hyp_evolve.yaml"} <= artifact_paths(client, parents[0].info.run_id)
+
+
+@pytest.mark.slow
+def test_a_locked_store_is_one_plain_warning_and_no_mlflow_traceback(store, tmp_path, log_lines, capfd):
+    """A real failure: another process holds the SQLite store's write lock (as a read-only or full store
+    refuses writes); MLflow used to log 'SQLAlchemy database error' with a traceback of its own."""
+    import sqlite3
+
+    db = store[len("sqlite:///"):]
+    run_dir = fake_run_folder(tmp_path / "proj" / "exp")
+    with start_tracking(Namespace(logger=["mlflow"]), run_dir, is_main=True) as trackers:
+        holder = sqlite3.connect(db, timeout=0)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            trackers.log_epoch(0, {"train/box_loss": 0.5})
+            trackers.log_epoch(1, {"train/box_loss": 0.4})
+        finally:
+            holder.rollback()
+            holder.close()
+    warnings = [line for line in log_lines if "WARNING" in line]
+    assert len(warnings) == 1 and "failed (the store is locked by another process)" in warnings[0], log_lines
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "SQLAlchemy" not in out + err, err[-3000:]
+
+
+@pytest.mark.parametrize("message, words", [
+    ("(sqlite3.OperationalError) attempt to write a readonly database", "the store is read-only"),
+    ("(sqlite3.OperationalError) database or disk is full", "the disk holding the store is full"),
+    ("[Errno 28] No space left on device: '/store/mlruns'", "the disk holding the store is full"),
+    ("HTTPConnectionPool(host='h', port=5000): Max retries exceeded", "the tracking server does not answer"),
+    ("INVALID_PARAMETER_VALUE: metric key too long", "Autoflush: the session was flushed too early"),
+])
+def test_store_failures_are_named_in_plain_words(message, words):
+    from utils.tracking.mlflow_run import plain_cause
+
+    try:
+        try:
+            raise OSError(message)
+        except OSError as cause:
+            raise RuntimeError("Autoflush: the session was flushed too early") from cause
+    except RuntimeError as error:
+        named = plain_cause(error)
+    assert named == words  # an unknown cause: the first line of what the store raised

@@ -6,11 +6,13 @@ run folder (``mlflow.json``), so ``--resume`` continues the same MLflow run; a r
 checkpoint older than what that run already holds starts a new run tagged ``resumed_from``, so no
 step is ever logged twice.
 
-A tracking store that fails (an unreachable server, a refused request) is reported once and the
-tracker turns itself off: training goes on and results.csv keeps every figure.
+A tracking store that fails (read-only, locked, a full disk, an unreachable server) is one warning that
+names the cause in plain words, and the tracker turns itself off: training goes on and results.csv keeps
+every figure. MLflow's own logger stays quiet for the rest of the run, so no traceback follows the warning.
 """
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -25,6 +27,33 @@ RECORD = "mlflow.json"  # in the run folder: which MLflow run holds this folder'
 EPOCH_METRIC = COLUMNS[1]  # train/box_loss, in every row: its history says which epochs a run holds
 PREFIX = colorstr("MLflow: ")
 STATUSES = ("FINISHED", "FAILED", "KILLED")
+# (what SQLite, SQLAlchemy, requests or the OS say, lower case) -> the cause in plain words
+PLAIN_CAUSES = (
+    (("readonly database", "read-only file system"), "the store is read-only"),
+    (("database is locked",), "the store is locked by another process"),
+    (("database or disk is full", "no space left on device"), "the disk holding the store is full"),
+    (("unable to open database file",), "the store's file cannot be opened (a missing folder or no permission)"),
+    (("connection refused", "failed to establish a new connection", "max retries exceeded", "timed out",
+      "name or service not known", "connectionerror"), "the tracking server does not answer"),
+)
+
+
+def _chain(error: BaseException) -> str:
+    """The messages of ``error`` and of the errors it was raised from (SQLAlchemy wraps sqlite3's)."""
+    texts = []
+    while error is not None and len(texts) < 5:
+        texts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n".join(texts)
+
+
+def plain_cause(error: BaseException) -> str:
+    """Why a store failed, in plain words where the cause is a known one, else the error's first line."""
+    text = _chain(error)
+    for markers, words in PLAIN_CAUSES:
+        if any(marker in text.lower() for marker in markers):
+            return words
+    return str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
 
 
 def tracking_uri() -> str:
@@ -73,6 +102,9 @@ class MlflowTracker:
         elif self.uri == f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}":
             DEFAULT_STORE.mkdir(parents=True, exist_ok=True)
         from mlflow import MlflowClient  # optional package, checked before training by check_loggers
+
+        # after the import, which sets MLflow's own levels: a failing store is our one warning, not its traceback
+        logging.getLogger("mlflow").setLevel(logging.CRITICAL)
 
         client = MlflowClient(tracking_uri=self.uri)
         self.experiment_id = self.parent.experiment_id if self.parent else self._experiment(client)
@@ -128,10 +160,9 @@ class MlflowTracker:
                          tags=[RunTag(k, v) for k, v in (tags or {}).items()])
 
     def _disable(self, error: Exception) -> None:
-        """Warn (once) and stop using the store."""
+        """Warn (once), in plain words, and stop using the store."""
         if not self.warned:
-            reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
-            LOGGER.warning(f"{PREFIX}{self.uri} failed ({reason}); training continues without MLflow "
+            LOGGER.warning(f"{PREFIX}{self.uri} failed ({plain_cause(error)}); training continues without MLflow "
                            "(results.csv keeps every figure)")
         self.client, self.warned = None, True
 
