@@ -474,6 +474,13 @@ def determinism_state() -> dict:
     }
 
 
+# use_deterministic_algorithms also NaN-fills every new tensor, so that a kernel reading memory it never wrote
+# shows. It took about a tenth of a CPU training step (docs/performance.md), and it cannot change a result
+# unless such a read happens: training is bit-identical with and without it (tests/test_nan_fill.py), and
+# without it such a read would make repeated runs differ, which the reproducibility tests and the GPU proof
+# would catch.
+NAN_FILL_UNINITIALIZED = False
+
 # The distinctive words of the too-late warning below; the GPU proof searches run logs for them.
 CUBLAS_TOO_LATE = "now has no effect on cuBLAS"
 
@@ -619,6 +626,7 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic
     torch.use_deterministic_algorithms(deterministic, warn_only=mode == "warn")
+    torch.utils.deterministic.fill_uninitialized_memory = NAN_FILL_UNINITIALIZED
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
 
 

@@ -51,9 +51,15 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
     return loop, loader
 
 
-def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2, batches=10, device="cpu"):
-    """Median seconds per batch over ``batches`` steps after ``warmup`` steps (data loading included)."""
+def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2, batches=10, device="cpu",
+                 nan_fill=None):
+    """Median seconds per batch over ``batches`` steps after ``warmup`` steps (data loading included).
+
+    ``nan_fill``: True or False overrides the mode's ``torch.utils.deterministic.fill_uninitialized_memory``.
+    """
     loop, loader = build_loop(cfg, imgsz, batch_size, workers, mode, device)
+    if nan_fill is not None:
+        torch.utils.deterministic.fill_uninitialized_memory = nan_fill
     loop.model.train()
     times, epoch = [], 0
     nb = len(loader)
