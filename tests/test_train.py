@@ -164,6 +164,10 @@ def test_image_size_rounded_up_to_stride_multiple(shapes_data, tiny_cfg, tmp_pat
     assert "WARNING ⚠️ --imgsz 70 must be a multiple of max stride 32, updating to 96" in "\n".join(log_lines)
     assert "Image sizes 96 train, 96 val" in "\n".join(log_lines)
     assert len(results_rows(run_dir)) == 1
+    weights, last = run_dir / "weights" / "best.pt", "\n".join(log_lines).splitlines()[-3:]
+    assert last[0].startswith(f"Trained weights: {weights}  (mAP50 ")  # the run ends with what to do next
+    assert last[1] == f"Next:  python val.py --weights {weights} --data {shapes_data} --imgsz 96"
+    assert last[2].strip().startswith(f"python detect.py --weights {weights} --source ")
 
 
 @pytest.mark.slow
