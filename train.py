@@ -29,7 +29,8 @@ if str(ROOT) not in sys.path:
 import val as validate  # noqa: E402
 from models.experimental import attempt_load, check_fit, stored_model  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.training.amp import check_amp  # noqa: E402
+from utils.training.amp import amp_for_run  # noqa: E402
+from utils.training.next_steps import next_steps  # noqa: E402
 from utils.autoanchor import check_anchors  # noqa: E402
 from utils.augmentations import random_rescale  # noqa: E402
 from utils.autobatch import check_train_batch_size  # noqa: E402
@@ -272,7 +273,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     names = ["item"] if opt.single_cls else list(data_dict["names"])
     model = build_model(opt, hyp, len(names), names, device, resume_ckpt)
     freeze_layers(model, opt.freeze)
-    amp = check_amp(model)
+    amp = amp_for_run(model, resume_ckpt)
     grid_size = max(int(model.stride.max()), 32)
     imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
     opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid_size, resume_ckpt, opt.rect)
@@ -318,9 +319,11 @@ def report_run_end(ctx: RunContext, loop, results, last_epoch):
     if ctx.dist.is_main:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
         final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
-        results = finish_run(ctx, final, results)
+        results, final_file = finish_run(ctx, final, results)
         LOGGER.info(f"Results saved to {colorstr('bold', ctx.save_dir)}")
         LOGGER.info(f"{colorstr('guarantee: ')}{run_guarantee(ctx.policy)}")
+        if not ctx.opt.evolve:
+            LOGGER.info(next_steps(final_file, ctx.opt.data, ctx.data_dict["val"], ctx.imgsz, results))
     barrier(ctx.dist)
     return results
 
@@ -401,9 +404,10 @@ class TrainLoop:
         if self.ctx.policy.mode != "off":  # reproducible sums at any world size, also across a resume
             self.model.register_comm_hook(None, rank_ordered_mean_hook)
 
-    def gather_cuda_rng(self) -> list | None:
-        """Every rank's CUDA generator state for the checkpoint (None outside DDP); all ranks must call it."""
-        return gather_objects(cuda_rng_state(self.device), self.dist) if self.dist.enabled else None
+    def gather_cuda_rng(self) -> list:
+        """Every rank's CUDA generator state on its training device, for the checkpoint (all ranks must
+        call it); not the current device's, which ``train.run(device="1")`` may not have changed."""
+        return gather_objects(cuda_rng_state(self.device), self.dist)
 
     def state(self, position, cuda_rng=None) -> dict:
         """The resumable training state at ``position = (epoch, next_batch)``."""
@@ -542,7 +546,7 @@ class TrainLoop:
 
 def finish_run(ctx: RunContext, final: tuple, results):
     """Check the final weights are on disk (else stop with one line), strip them, record their checksum,
-    validate best.pt (or last.pt) with plots, draw results.png."""
+    validate best.pt (or last.pt) with plots, draw results.png. Returns (results, the final weights file)."""
     final_file = ctx.saver.finish(final)
     if not ctx.opt.evolve:
         LOGGER.info(f"\nValidating {final_file}...")
@@ -553,7 +557,7 @@ def finish_run(ctx: RunContext, final: tuple, results):
             names=ctx.names).metrics
     if ctx.plots:
         plot_results(ctx.save_dir / "results.csv")
-    return results
+    return results, final_file
 
 
 # ---------------------------------------------------------------------------------------- main

@@ -16,6 +16,7 @@ import torch
 
 from utils.logging import LOGGER, colorstr
 from utils.out_of_memory import out_of_memory_hint
+from utils.torch_utils import preserved_rng_state
 
 PREFIX = colorstr("AutoBatch: ")
 PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -108,13 +109,14 @@ def profile_memory(model, imgsz: int, amp: bool, policy, measure: Callable) -> l
     probe = deepcopy(model).train()
     device = next(probe.parameters()).device
     memory = []
-    for batch in PROFILE_BATCH_SIZES:
-        if None in memory:
-            memory.append(None)
-            continue
-        memory.append(measure(lambda: trial_step(probe, batch, imgsz, amp, policy), device))
-        if memory[-1] is None:
-            LOGGER.info(f"{PREFIX}batch-size {batch} ran out of memory while profiling")
+    with preserved_rng_state(device):  # DropPath draws in the trial steps; the run's streams must not move
+        for batch in PROFILE_BATCH_SIZES:
+            if None in memory:
+                memory.append(None)
+                continue
+            memory.append(measure(lambda: trial_step(probe, batch, imgsz, amp, policy), device))
+            if memory[-1] is None:
+                LOGGER.info(f"{PREFIX}batch-size {batch} ran out of memory while profiling")
     return memory
 
 
