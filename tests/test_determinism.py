@@ -5,6 +5,7 @@ device, so a module whose backward calls it reproduces on a CPU what
 ``adaptive_max_pool2d_backward_cuda`` does on a GPU server.
 """
 
+import inspect
 import json
 import os
 import random
@@ -25,8 +26,11 @@ from tests.support.nondeterministic_module import write_model_yaml, write_put_mo
 from utils.autobatch import PROFILE_BATCH_SIZES, profile_memory
 from utils.errors import UserError
 from utils.files import yaml_load
-from utils.determinism.op_audit import (DOCUMENTED_OPS, EXEMPT_DOC_NAMES, NONDETERMINISTIC_OPS, PARALLEL_GRAIN, UNDOCUMENTED_OPS,
-                            AuditReport, Finding, audit_model, crowded_targets, detection_loss, match_nondeterministic)
+from utils.determinism.op_audit import (PARALLEL_GRAIN, AuditReport, Finding, audit_model, crowded_targets,
+                                        detection_loss)
+from utils.determinism.op_table import (DOCUMENTED_OPS, NONDETERMINISTIC_OPS, UNDOCUMENTED_OPS, VERIFIED_TORCH,
+                                        exempt_doc_names, match_nondeterministic, release, release_name, rows_for,
+                                        verified)
 from utils.torch_utils import MODES, configure_determinism, temporary_determinism
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,11 +211,77 @@ def documented_throwing_ops() -> set[str]:
 
 
 def test_op_table_matches_installed_torch_documentation():
+    """The rows for the installed release against its docstring, both ways (run on 2.9 and 2.11 by
+    benchmarks/gpu_proof/torch_versions.sh)."""
+    if not verified(torch.__version__):
+        pytest.skip(f"the op table was checked against torch {', '.join(VERIFIED_TORCH)}, not "
+                    f"{release_name(torch.__version__)}: add its rows and release to utils/determinism/op_table.py")
     documented = documented_throwing_ops()
     assert len(documented) > 10, "could not parse torch.use_deterministic_algorithms.__doc__"
-    in_table = {name for row in DOCUMENTED_OPS for name in row.doc_names}
-    assert not documented - in_table - set(EXEMPT_DOC_NAMES), "torch documents ops the table lacks"
-    assert not (in_table | set(EXEMPT_DOC_NAMES)) - documented, "table lists ops torch no longer documents"
+    exempt = exempt_doc_names(torch.__version__)
+    in_table = {name for row in rows_for(torch.__version__) if row in DOCUMENTED_OPS for name in row.doc_names}
+    assert not documented - in_table - exempt, "torch documents ops the table lacks"
+    assert not (in_table | exempt) - documented, "table lists ops torch no longer documents"
+
+
+def test_the_docstring_line_for_bilinear_is_stale_and_the_audit_says_it_runs_on_cuda():
+    """Issue 37 finding 1: this test used to pin the docstring's bilinear entry as a CUDA failure.
+
+    The docstring still lists bilinear and trilinear under interpolate, but since torch 2.5
+    F.interpolate takes a decomposition for non-CPU input under determinism, whose backward is a
+    deterministic index_put_; only its CPU branch reaches the alerting kernel. If torch drops the
+    stale line, or the branch, this test says so.
+    """
+    doc = torch.use_deterministic_algorithms.__doc__
+    modes = doc.split(":func:`torch.nn.functional.interpolate`")[1].split("* :class:")[0]
+    assert "``bilinear``" in modes and "``trilinear``" in modes, "torch fixed its docstring: drop this exemption"
+    assert "not input.is_cpu and torch.are_deterministic_algorithms_enabled()" in inspect.getsource(F.interpolate)
+
+    class Upsample(nn.Module):
+        def __init__(self, mode: str):
+            super().__init__()
+            self.mode = mode
+
+        def forward(self, x):
+            return F.interpolate(x, scale_factor=2, mode=self.mode)
+
+    bilinear = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1), Upsample("bilinear")), imgsz=8)
+    assert bilinear.cuda_trace == "meta" and bilinear.clean
+    bicubic = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1), Upsample("bicubic")), imgsz=8)
+    assert [(f.op, f.devices) for f in bicubic.findings] == [("upsample_bicubic2d_backward", ("cuda",))]
+
+
+def test_a_model_meta_cannot_run_is_predicted_from_the_cpu_trace_and_says_so():
+    class Weighted(nn.Module):
+        def forward(self, x):
+            return x.mean(), torch.bincount(torch.arange(4) % 3, weights=x.detach().flatten()[:4])
+
+    report = audit_model(nn.Sequential(nn.Conv2d(3, 2, 1), Weighted()), imgsz=8)
+    assert report.cuda_trace == "cpu (meta has no kernel: aten::bincount)"
+    [finding] = report.findings
+    assert finding.op == "bincount" and finding.devices == ("cuda",)
+    assert "CUDA predicted from the CPU trace: meta has no kernel (aten::bincount)" in finding.reason
+    assert "CUDA predicted from: cpu (meta has no kernel" in report.format()
+
+
+@pytest.mark.parametrize("version, integer_histc", [("2.7.1", ("cuda",)), ("2.8.0", None), ("2.14.1", None)])
+def test_rows_hold_for_their_torch_releases(version, integer_histc):
+    row = match_nondeterministic(torch.ops.aten.histc.default, (torch.arange(3),), {}, version)
+    assert (row.devices if row else None) == integer_histc
+    kthvalue = match_nondeterministic(torch.ops.aten.kthvalue.default, (None, 1), {}, version)
+    assert (kthvalue is not None) is (release(version) < (2, 10))
+    assert all(row.versions == "every torch" or "torch" in row.versions for row in NONDETERMINISTIC_OPS)
+
+
+def test_torch_s_own_alert_names_do_not_double_the_table_s_findings():
+    """Issue 37 finding 8: the kernel names torch warns with did not prefix-match the table's aten ops."""
+    findings = [Finding(op, "backward", "m", ("cuda",)) for op in
+                ("_adaptive_avg_pool2d_backward", "histc", "bincount", "_upsample_bilinear2d_aa_backward")]
+    flags = [{"op": op, "phase": "backward", "message": f"{op} does not have a deterministic implementation"}
+             for op in ("adaptive_avg_pool2d_backward_cuda", "_histc_cuda", "_bincount_cuda",
+                        "upsample_bilinear2d_aa_backward_out_cuda", "grid_sampler_2d_backward_cuda")]
+    applicable = AuditReport(device="cuda:0", imgsz=8, findings=findings, torch_flagged=flags).applicable()
+    assert [f.op for f in applicable] == [f.op for f in findings] + ["grid_sampler_2d_backward_cuda"]
 
 
 def test_undocumented_rows_are_the_known_extras_with_their_kernel():

@@ -5,14 +5,21 @@
 the proof's branches for a GPU run before a GPU sees them (only :class:`LiveDevice`'s own CUDA
 calls, e.g. the peak-memory statistics, do not):
 
+- ``torch``: the torch release the outcomes are for (e.g. ``"2.11"``); the audit predicts with
+  the op table's rows for it, while the meta trace runs the installed torch's Python code;
 - ``ops``: per battery case, what the device does under ``use_deterministic_algorithms(True)``
-  (``{"outcome": "raises" | "runs" | "unsupported", "message": PyTorch's first line}``);
+  (``{"outcome": "raises" | "runs" | "unsupported", "message": PyTorch's first line,
+  "holds_for": the torch releases this outcome holds for and why}``);
 - ``control``: the number of distinct ``index_add_`` hashes under ``strict`` and ``off``;
 - ``log_lines``: lines a run on that device logs and a CPU run does not (e.g. the AMP check),
   added to each training run's log;
 - ``killed_at_deadline``: names of training runs that reach the proof's deadline: they start for
   real and are killed by the proof's own deadline handling;
-- ``budget_cut_after_timing_rows``: after that many timing measurements the budget is spent.
+- ``budget_cut_after_timing_rows``: after that many timing measurements both budgets are spent;
+- ``compute_mode``: the GPU's compute mode the preflight sees (default ``Default``).
+
+A live CUDA run reads ``replay/cuda-torch-<its release>.json`` as the expected outcomes that each
+ops row names (NO DATA where there is no table for its torch).
 
 Training runs, the audit, the raw strict loop and the timing run on the CPU for real; the SCAM
 rows use the block that fails on the CPU (``PutGradientSCAM``), which the audit flags for CUDA too.
@@ -29,10 +36,15 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_proof import ops as proof_ops
+from benchmarks.gpu_proof import preflight
 from benchmarks.gpu_proof import runs as proof_runs
 from benchmarks.speed.harness import peak_rss_gib, time_fixed_batch
+from utils.determinism.op_table import VERIFIED_TORCH, release_name, verified
 from utils.errors import UserError, exit_on_user_error
 from utils.options import OneLineErrorParser
+
+REPLAY_DIR = Path(__file__).resolve().parent / "replay"
+BUDGET_SPENT_S = 10 ** 9  # what a replayed budget cut adds to the proof's clock
 
 
 class LiveDevice:
@@ -42,6 +54,33 @@ class LiveDevice:
         self.device = device
         self.run_device = device
         self.offset = 0.0
+        self.torch_version = torch.__version__
+
+    def table_name(self) -> str | None:
+        """The replay table of this torch release's CUDA outcomes, when there is one (None on a CPU)."""
+        path = REPLAY_DIR / f"cuda-torch-{release_name(self.torch_version)}.json"
+        return str(path.relative_to(REPLAY_DIR.parents[2])) if self.device.type == "cuda" and path.is_file() else None
+
+    def expected_outcomes(self) -> dict | None:
+        """The table's outcome per battery case: ``{}`` on CUDA without a table (NO DATA), None on a CPU."""
+        if self.device.type != "cuda":
+            return None
+        name = self.table_name()
+        return json.loads((REPLAY_DIR.parents[2] / name).read_text())["ops"] if name else {}
+
+    def table_line(self) -> str:
+        """The torch the proof proves, the table it names and whether the op table was checked for that torch."""
+        name = self.table_name() or ("no table for this torch: every ops row says NO DATA"
+                                     if self.device.type == "cuda" else "none (CPU)")
+        checked = ", ".join(VERIFIED_TORCH)
+        coverage = (f"op table checked for torch {checked}" if verified(self.torch_version)
+                    else f"op table NOT checked for torch {release_name(self.torch_version)} (only {checked})")
+        return (f"proving {self.device} with torch {self.torch_version} (running torch {torch.__version__}); "
+                f"table: {name}; {coverage}")
+
+    def compute_mode(self) -> str:
+        """The GPU's compute mode (the preflight refuses Exclusive_Process)."""
+        return preflight.compute_mode(self.run_device.index or 0) if self.run_device.type == "cuda" else "none (CPU)"
 
     def clock(self) -> float:
         """The proof's clock (seconds, monotonic)."""
@@ -80,12 +119,14 @@ class LiveDevice:
 class ReplayDevice(LiveDevice):
     """Proves ``cuda:0`` (or the table's device) from a table of its outcomes, doing the real work on the CPU."""
 
-    def __init__(self, table: dict, budget_s: float):
+    def __init__(self, table: dict, budget_s: float, name: str = "the replay table"):
         super().__init__(torch.device(table.get("device", "cuda:0")))
         self.run_device = torch.device("cpu")
         self.table = table
         self.budget_s = budget_s
         self.timing_rows = 0
+        self.torch_version = table["torch"]
+        self.name = name
 
     @classmethod
     def from_file(cls, path, budget_s: float) -> "ReplayDevice":
@@ -94,9 +135,20 @@ class ReplayDevice(LiveDevice):
             table = json.loads(Path(path).read_text())
             if not isinstance(table.get("ops"), dict) or not isinstance(table.get("control"), dict):
                 raise ValueError("needs 'ops' and 'control' mappings")
-        except (OSError, ValueError, AttributeError) as e:
-            raise UserError(f"--replay {path}: not a replay table ({e}); see benchmarks/gpu_proof/replay/") from None
-        return cls(table, budget_s)
+            release_name(table["torch"])
+        except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
+            raise UserError(f"--replay {path}: not a replay table ({type(e).__name__}: {e}); needs 'torch', 'ops' "
+                            "and 'control', see benchmarks/gpu_proof/replay/") from None
+        return cls(table, budget_s, str(path))
+
+    def table_name(self) -> str:
+        return self.name
+
+    def expected_outcomes(self) -> dict:
+        return self.table["ops"]
+
+    def compute_mode(self) -> str:
+        return self.table.get("compute_mode", "Default")
 
     def strict_outcome(self, name: str, op, device: torch.device) -> tuple:
         recorded = self.table["ops"].get(name)
@@ -127,7 +179,7 @@ class ReplayDevice(LiveDevice):
         result = super().time_fixed_batch(*args)
         self.timing_rows += 1
         if self.timing_rows == self.table.get("budget_cut_after_timing_rows"):
-            self.offset = self.budget_s  # the proof's clock jumps a whole budget: every later check is skipped
+            self.offset = BUDGET_SPENT_S  # the proof's clock jumps past both budgets: every later check is skipped
         return result
 
 
@@ -138,13 +190,16 @@ def table_from_record(record: dict) -> dict:
     number of distinct hashes; the AMP line is added when the record's AMP rows passed.
     """
     rows = record["rows"]
-    ops = {row["name"]: {"outcome": row["data"]["actual"], "message": row["data"].get("torch_message", "")}
+    version = record.get("proved_torch") or record["environment"]["torch"]
+    ops = {row["name"]: {"outcome": row["data"]["actual"], "message": row["data"].get("torch_message", ""),
+                         "holds_for": f"measured with torch {version}"}
            for row in rows if row["section"] == "ops" and "actual" in row["data"]}
     control = {row["name"].rsplit(" ", 1)[1]: len(row["data"]["hashes"])
                for row in rows if row["section"] == "control" and "hashes" in row["data"]}
     amp = [row for row in rows if row["name"].endswith(": AMP on")]
     return {"source": f"recorded by: {record.get('command', '?')} on {record.get('device', '?')}",
-            "device": record.get("device", "cuda:0"), "ops": ops, "control": control,
+            "torch": release_name(version), "device": record.get("device", "cuda:0"),
+            "ops": ops, "control": control,
             "log_lines": ["AMP: checks passed"] if amp and all(r["status"] == "PASS" for r in amp) else [],
             "killed_at_deadline": [], "budget_cut_after_timing_rows": None}
 

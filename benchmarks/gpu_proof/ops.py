@@ -2,7 +2,8 @@
 
 Battery: each case wraps one op in a tiny module (``op(x * scale)``, so the backward reaches a
 parameter). The audit, run on the CPU, predicts whether the op fails under strict determinism on
-the target device; the target device then runs a forward and backward under
+the target device (for CUDA from its meta trace, which takes CUDA's Python branches, with the op
+table's rows for the target's torch release); the target device then runs a forward and backward under
 ``torch.use_deterministic_algorithms(True)`` and either raises PyTorch's "does not have a
 deterministic implementation" error or not. A row passes when prediction and device agree.
 
@@ -25,9 +26,10 @@ TORCH_ALERT = "does not have a deterministic implementation"
 BATCH, CHANNELS, SIZE = 2, 4, 8
 
 
-def run_audit(model: nn.Module, imgsz: int, device, batch_size: int, ch: int):
+def run_audit(model: nn.Module, imgsz: int, device, batch_size: int, ch: int, torch_version: str = torch.__version__):
     """The CPU audit of one training step of ``model`` (the prediction the device is checked against)."""
-    return audit_model(model, imgsz=imgsz, device=device, batch_size=max(batch_size, 2), ch=ch)
+    return audit_model(model, imgsz=imgsz, device=device, batch_size=max(batch_size, 2), ch=ch,
+                       torch_version=torch_version)
 
 
 class SingleOp(nn.Module):
@@ -128,35 +130,39 @@ def strict_outcome(op: Callable, device: torch.device) -> tuple[str, str]:
     return "runs", ""
 
 
-def predicted_failures(op: Callable, device_type: str) -> tuple[bool, list, str]:
-    """``(predicted to raise on device_type, ['op (phase)', ..], audit device)`` from a CPU audit.
+def predicted_failures(op: Callable, device_type: str, torch_version: str = torch.__version__) -> tuple:
+    """``(predicted to raise on device_type, ['op (phase)', ..], the trace it came from)`` from a CPU audit.
 
-    Where the CPU has no kernel for the op (e.g. ``histc`` on integers) the audit runs on the
-    ``meta`` device instead, which dispatches the same aten ops without computing anything.
+    ``torch_version``: the release of the device's torch (the op table's rows for it). Where the
+    CPU has no kernel for the op (e.g. ``histc`` on integers) the audit runs on ``meta`` alone.
     """
     try:
-        report, where = run_audit(SingleOp(op), SIZE, "cpu", BATCH, CHANNELS), "cpu"
+        report = run_audit(SingleOp(op), SIZE, "cpu", BATCH, CHANNELS, torch_version)
     except RuntimeError:  # "not implemented" / "unsupported scalarType": no CPU kernel for this dtype
-        report, where = run_audit(SingleOp(op).to("meta"), SIZE, "meta", BATCH, CHANNELS), "meta"
+        report = run_audit(SingleOp(op).to("meta"), SIZE, "meta", BATCH, CHANNELS, torch_version)
     failing = [f for f in report.findings if device_type in f.devices]
+    where = report.cuda_trace if device_type == "cuda" else report.device
     return bool(failing), sorted({f"{f.op} ({f.phase})" for f in failing}), where
 
 
-def battery_case(name: str, device: torch.device, outcome: Callable | None = None) -> Verdict:
+def battery_case(name: str, device: torch.device, outcome: Callable | None = None,
+                 torch_version: str = torch.__version__, expected: dict | None = None) -> Verdict:
     """One row: the CPU audit's prediction for ``device`` against what ``device`` does under strict.
 
     ``outcome(name, op, device)`` gives the device's side (default :func:`strict_outcome`; a replay
-    passes recorded outcomes).
+    passes recorded outcomes); ``torch_version`` is the device's torch; ``expected``: the case's
+    row of the replay table for that release (None: the table has no data for it, said in the row).
     """
     op = CASES[name]
     actual, message = outcome(name, op, device) if outcome else strict_outcome(op, device)
     if actual == "unsupported":
         return skip(f"{device.type} has no kernel for this case: {message}", actual=actual, torch_message=message)
-    predicted, ops, where = predicted_failures(op, device.type)
+    predicted, ops, where = predicted_failures(op, device.type, torch_version)
     said = f"audit ({where}): {'raises' if predicted else 'runs'} on {device.type}"
+    table = expected["outcome"] if expected else "NO DATA"
     data = {"predicted_raises": predicted, "predicted_ops": ops, "audit_device": where,
-            "actual": actual, "torch_message": message}
-    detail = f"{said}{' ' + ', '.join(ops) if ops else ''}; {device.type} strict: {actual}"
+            "actual": actual, "torch_message": message, "table": table}
+    detail = f"{said}{' ' + ', '.join(ops) if ops else ''}; {device.type} strict: {actual}; table: {table}"
     if predicted != (actual == "raises"):
         detail = f"MISMATCH {detail}{': ' + message if message else ''}"
     return verdict(predicted == (actual == "raises"), detail, **data)

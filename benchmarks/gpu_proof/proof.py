@@ -1,27 +1,33 @@
 """The GPU proof: every single-GPU determinism claim of this project, checked in one command.
 
-    python -m benchmarks.gpu_proof.proof --out proof.json 2>&1 | tee proof.log  # one CUDA GPU, 290 s budget
+    python -m benchmarks.gpu_proof.proof --out proof.json 2>&1 | tee proof.log  # one CUDA GPU
     python -m benchmarks.gpu_proof.proof --device cpu --quick --out proof.json   # the CPU check (test suite)
 
 The quick plan is the CPU check: the full plan is sized for a GPU and refuses --device cpu.
 
-Sections (each row PASS, FAIL, SKIP or INFO; the table is printed and written to ``--out``):
+Sections (each row PASS, FAIL, INCOMPLETE, SKIP or INFO; the table is printed and written to ``--out``):
 
-1. ops: for each op of the battery, the CPU audit's prediction against what the device does
-   under ``torch.use_deterministic_algorithms(True)``; every mismatch is a FAIL naming both.
+1. ops: for each op of the battery, the CPU audit's prediction (its meta trace, with the op table
+   for the device's torch) against what the device does under
+   ``torch.use_deterministic_algorithms(True)``; every mismatch is a FAIL naming both. Each row
+   also names the replay table's outcome for that torch release, or NO DATA.
 2. control: ``index_add_`` of 10^6 values into one slot, 20 times: one hash under strict, several
    without determinism on CUDA (so the proof could see non-determinism if there were any).
 3. reruns: separate ``train.py`` processes (``--deterministic strict``, AMP on by itself on
-   CUDA): a rerun, a ``--workers 0`` rerun, and a run SIGKILLed mid-epoch then ``--resume``d,
-   all with the same final EMA checksum.
+   CUDA, warm-up off so that gradients accumulate from the first batch): a rerun, a ``--workers 0``
+   rerun, and a run SIGKILLed mid-epoch and mid-accumulation then ``--resume``d, all with the same
+   final EMA checksum.
 4. scam: FFCA's SCAM as published (``nn.AdaptiveMaxPool2d``; on a CPU a stand-in whose backward
    needs ``put_``): the audit names it, ``train.py`` strict stops before the first batch with the
    project's message, a raw strict loop raises PyTorch's own error, ``scoped`` trains, and
    ``--batch-size -1 --deterministic scoped`` trains.
-5. timing: time per training step and images/s of each mode (off, warn, scoped, strict).
+5. timing: time per training step and images/s of each mode (off, warn, scoped, strict);
+   information rows with their own budget after the claims'.
 
-Exit code: 0 without FAIL rows and nothing skipped for the budget, 1 otherwise, 2 for bad arguments.
-``--workdir`` gets a new subfolder per run, so rerunning with the same one is safe.
+Exit code: 0 every claim row passed (or does not apply here), 1 a claim row FAILs, 3 incomplete (a
+claim skipped for the budget or a run still going at the deadline; the reason is printed), 2 bad
+arguments. Information rows never change it. ``--workdir`` (default ``runs/gpu_proof``, kept)
+gets a new subfolder per run, so rerunning with the same one is safe; its path is printed.
 
 ``--replay TABLE --quick`` runs the same code on a CPU against a table of a device's outcomes
 (``benchmarks/gpu_proof/device.py``; the test suite replays ``benchmarks/gpu_proof/replay/cuda-torch-2.14.json``
@@ -39,11 +45,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything in this process starts CUDA
+DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
+CUBLAS_FOUND = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+if CUBLAS_FOUND not in DETERMINISTIC_CUBLAS:  # another value makes cuBLAS non-deterministic: every CUDA claim void
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = DETERMINISTIC_CUBLAS[0]  # before anything in this process starts CUDA
 
 import torch  # noqa: E402
 
 from benchmarks.gpu_proof import modules as proof_modules  # noqa: E402  (registers the SCAM variants here too)
+from benchmarks.gpu_proof import preflight  # noqa: E402
 from benchmarks.gpu_proof.device import LiveDevice, ReplayDevice  # noqa: E402
 from benchmarks.gpu_proof.ops import (CASES, TORCH_ALERT, battery_case, control_off, control_strict,  # noqa: E402
                                       run_audit)
@@ -54,7 +64,7 @@ from models.yolo import Model  # noqa: E402
 from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402
 from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.files import yaml_load  # noqa: E402
+from utils.files import yaml_load, yaml_save  # noqa: E402
 from utils.loss import ComputeLoss  # noqa: E402
 from utils.torch_utils import CUBLAS_TOO_LATE, select_device, temporary_determinism  # noqa: E402
 
@@ -64,6 +74,7 @@ TINY = ROOT / "tests" / "models" / "tiny.yaml"
 MODES = ("off", "warn", "scoped", "strict")
 LAYER = re.compile(r"model\.(\d+)\b")  # the layer index in an audit finding's module path
 AUDIT_IMGSZ = 64  # the audit's findings do not depend on the image size
+DEFAULT_WORKDIR = ROOT / "runs" / "gpu_proof"
 
 
 @dataclass(frozen=True)
@@ -81,16 +92,18 @@ class Plan:
     timing: tuple  # (model YAML, imgsz, batch size) per timed model
     warmup: int
     batches: int
-    budget_s: float
-    timing_reserve_s: float  # training runs are stopped this long before the budget ends
+    budget_s: float  # claims may start until then; training runs still going then are killed
+    info_budget_s: float  # information rows may start until budget_s + info_budget_s
 
 
+# Batch 16 accumulates 4 batches per optimizer step (NOMINAL_BATCH 64); 4 batches per epoch or more
+# put the kill after batch 2 mid-epoch and mid-accumulation. Budgets: docs/determinism.md, "worst case".
 FULL = Plan((MODELS / "ffca-yolo-n.yaml", MODELS / "l-ffca-yolo.yaml"), MODELS / "ffca-yolo-n.yaml",
             imgsz=256, epochs=2, batch_size=16, workers=4, n_train=96, n_val=16,
-            timing=((MODELS / "ffca-yolo.yaml", 640, 16), (MODELS / "yolov5s.yaml", 640, 16)),
-            warmup=3, batches=10, budget_s=290, timing_reserve_s=45)
-QUICK = Plan((TINY,), TINY, imgsz=64, epochs=1, batch_size=4, workers=2, n_train=16, n_val=8,
-             timing=((TINY, 64, 4),), warmup=1, batches=3, budget_s=600, timing_reserve_s=20)
+            timing=((MODELS / "ffca-yolo.yaml", 640, 16),), warmup=3, batches=10, budget_s=230, info_budget_s=45)
+QUICK = Plan((TINY,), TINY, imgsz=64, epochs=1, batch_size=16, workers=2, n_train=64, n_val=8,
+             timing=((TINY, 64, 4),), warmup=1, batches=3, budget_s=600, info_budget_s=60)
+NO_WARMUP = {"warmup_epochs": 0}  # warm-up ramps accumulation from 1: without it the first step accumulates
 
 
 def make_data(folder: Path, plan: Plan) -> Path:
@@ -102,14 +115,23 @@ def make_data(folder: Path, plan: Plan) -> Path:
     return data_yaml
 
 
+def make_hyp(folder: Path) -> Path:
+    """The runs' hyperparameters: the default ones with warm-up off (:data:`NO_WARMUP`)."""
+    path = folder / "hyp.no-warmup.yaml"
+    yaml_save(path, {**yaml_load(HYP), **NO_WARMUP})
+    return path
+
+
 # ----------------------------------------------------------------------------- ops and control
 
 
 def ops_section(proof: Proof, layer: LiveDevice) -> None:
-    """One row per battery case, then the detection control."""
-    device = layer.device
+    """One row per battery case (predicted for the device's torch, next to its table's outcome), then the control."""
+    device, version, table = layer.device, layer.torch_version, layer.expected_outcomes()
     for name in CASES:
-        proof.check("ops", name, lambda name=name: battery_case(name, device, layer.strict_outcome))
+        expected = None if table is None else table.get(name, {})
+        proof.check("ops", name, lambda name=name, expected=expected: battery_case(
+            name, device, layer.strict_outcome, version, expected))
     proof.check("control", "index_add_ 10^6 -> 1 slot x20, strict",
                 lambda: control_strict(device, layer.index_add_hashes))
     proof.check("control", "index_add_ 10^6 -> 1 slot x20, off", lambda: control_off(device, layer.index_add_hashes))
@@ -173,13 +195,15 @@ def rerun_rows(proof: Proof, cfg: Path, futures: dict, cuda: bool) -> None:
                 lambda: same_checksum(futures["first"].result(), futures["workers0"].result(), "--workers 0"))
 
     def resumed():
-        position, run = futures["killed"].result()
-        result = same_checksum(futures["first"].result(), run,
-                               f"SIGKILL at epoch {position[0]} batch {position[1]}, --resume")
-        result.data["position"] = position
+        (epoch, batch, pending), run = futures["killed"].result()
+        result = same_checksum(futures["first"].result(), run, f"SIGKILL at epoch {epoch} batch {batch} with "
+                                                              f"{pending} batch(es) of gradient pending, --resume")
+        if pending <= 0:
+            result = verdict(False, f"not mid-accumulation: {result.detail}")
+        result.data["position"] = [epoch, batch, pending]
         return result
 
-    proof.check("reruns", f"{stem}: SIGKILL mid-epoch + --resume bit-identical", resumed)
+    proof.check("reruns", f"{stem}: SIGKILL mid-accumulation + --resume bit-identical", resumed)
     proof.check("reruns", f"{stem}: AMP on", lambda: log_row(futures, cuda, "AMP: checks passed", True,
                                                              "'AMP: checks passed' logged"))
     proof.check("reruns", f"{stem}: CUBLAS_WORKSPACE_CONFIG set in time",
@@ -265,8 +289,13 @@ def scam_section(proof: Proof, layer: LiveDevice, futures: dict, cfg: Path, bloc
 
 
 def timing_section(proof: Proof, plan: Plan, layer: LiveDevice, data_yaml: Path) -> None:
-    """Time per training step on one fixed batch, per mode, with the ratio to the first mode that measured."""
+    """Time per training step on one fixed batch, per mode, with the ratio to the first mode that measured.
+
+    Information rows: a row starts only while its budget still holds the longest row so far, so the
+    section ends within its budget plus the first row.
+    """
     cuda = layer.run_device.type == "cuda"
+    longest = 0.0
     for cfg, imgsz, batch in plan.timing:
         base = {}
         for mode in MODES:
@@ -279,7 +308,9 @@ def timing_section(proof: Proof, plan: Plan, layer: LiveDevice, data_yaml: Path)
                             f"x{seconds / base['seconds']:.3f} vs {base['mode']}, "
                             f"peak {'allocated' if cuda else 'RSS'} {peak_gib:.2f} GiB", seconds=seconds,
                             images_per_s=batch / seconds, peak_gib=peak_gib, baseline=base["mode"])
-            proof.check("timing", f"{cfg.stem} {imgsz}px batch {batch}: {mode}", measure)
+            row = proof.check("timing", f"{cfg.stem} {imgsz}px batch {batch}: {mode}", measure, claim=False,
+                              needs_s=longest)
+            longest = max(longest, row.seconds)
 
 
 # ----------------------------------------------------------------------------- main
@@ -292,10 +323,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="0", help="CUDA index such as 0 (default), or cpu (only with --quick)")
     p.add_argument("--quick", action="store_true",
                    help="small sizes (tiny model, 64 px, 1 epoch): the CPU check, with --device cpu")
-    p.add_argument("--budget", type=float, default=None, help="wall-clock seconds; later checks are SKIPped")
+    p.add_argument("--budget", type=float, default=None,
+                   help="claims' wall-clock seconds; claims not started by then are INCOMPLETE (exit 3)")
     p.add_argument("--jobs", type=int, default=None, help="training processes at once (default 6 on CUDA, 2 on CPU)")
     p.add_argument("--workdir", default=None,
-                   help="folder that gets a new subfolder for data and runs (default: a temporary one)")
+                   help="folder that gets a new subfolder for data, runs and logs, kept (default runs/gpu_proof)")
     p.add_argument("--replay", default=None, metavar="TABLE",
                    help="with --quick: replay a JSON table of a device's outcomes on the CPU "
                         "(see benchmarks/gpu_proof/device.py)")
@@ -315,19 +347,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def prove(proof: Proof, plan: Plan, layer: LiveDevice, work: Path, jobs: int) -> None:
-    """Run every section into ``proof`` on ``layer``'s device; training processes run ``jobs`` at a time."""
+def prove(proof: Proof, plan: Plan, layer: LiveDevice, work: Path, sizes: tuple) -> None:
+    """Run every section into ``proof`` on ``layer``'s device; ``sizes``: (training processes at once,
+    loader workers each), from :func:`preflight.sizes`."""
+    jobs, workers = sizes
     ops_section(proof, layer)
     data_yaml = make_data(work, plan)
     child_device = layer.child_device()
     threads = None if layer.run_device.type == "cuda" else max(1, (os.cpu_count() or 1) // jobs)
-    runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, plan.epochs, plan.batch_size, plan.workers,
-                       threads=threads)
+    runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, plan.epochs, plan.batch_size, workers,
+                       threads=threads, extra=["--hyp", str(make_hyp(work))])
     block = proof_modules.flagged_block(layer.run_device.type)
     scam_cfg = proof_modules.write_scam_variant(plan.scam_base, block, work)
-    scam_runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, 1, plan.batch_size, plan.workers,
+    scam_runs = RunSettings(data_yaml, work / "runs", child_device, plan.imgsz, 1, plan.batch_size, workers,
                             custom_modules=True, threads=threads)
-    deadline = time.monotonic() + max(proof.remaining() - plan.timing_reserve_s, 10)
+    deadline = time.monotonic() + max(proof.remaining(), 10)  # the claims' budget: runs still going then are undecided
     with ThreadPoolExecutor(jobs) as pool:
         reruns = start_reruns(pool, layer, runs, plan.rerun_models, deadline)
         scam = start_scam_runs(pool, layer, scam_runs, scam_cfg, deadline)
@@ -345,33 +379,42 @@ def chosen_device(request: str) -> torch.device:
         raise UserError(f"{e} (the proof's CPU check is --device cpu --quick)") from None
 
 
+def start_lines(layer: LiveDevice, ready: str, work: Path) -> list:
+    """What the proof prints before its first row: cuBLAS, torch and table, preflight, work folder."""
+    lines = [] if CUBLAS_FOUND in DETERMINISTIC_CUBLAS else [
+        f"CUBLAS_WORKSPACE_CONFIG was {CUBLAS_FOUND!r}, not deterministic: set to {DETERMINISTIC_CUBLAS[0]}"]
+    return lines + [layer.table_line(), ready, f"work folder (kept): {work}"]
+
+
 @exit_on_user_error
 def main(argv=None) -> int:
-    """Run the proof, print the table, write ``--out``; 0 without FAIL rows, else 1."""
+    """Run the proof, print the table, write ``--out``; 0 every claim passed, 1 a claim FAILs, 3 incomplete."""
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
     budget = args.budget or plan.budget_s
     layer = ReplayDevice.from_file(args.replay, budget) if args.replay else LiveDevice(chosen_device(args.device))
+    sizes = preflight.sizes(layer.run_device.type == "cuda", plan.workers, args.jobs)
+    ready = preflight.check(preflight.shm_mib(), layer.compute_mode(), *sizes)
+    workdir = Path(args.workdir or DEFAULT_WORKDIR)  # a fresh folder inside it, so a rerun finds nothing in the way
+    workdir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu_proof_", dir=workdir)).resolve()
+    for line in start_lines(layer, ready, work):
+        print(line, flush=True)
     proof = Proof(Path(args.out), budget,
                   {"command": " ".join(sys.argv), "device": str(layer.device), "quick": args.quick,
-                   "replay": args.replay, "environment": environment_report()}, clock=layer.clock)
-    jobs = args.jobs or (6 if layer.run_device.type == "cuda" else 2)
-    complete = False
+                   "replay": args.replay, "proved_torch": layer.torch_version, "table": layer.table_name(),
+                   "preflight": ready, "workdir": str(work), "cublas_found": CUBLAS_FOUND,
+                   "environment": environment_report()}, clock=layer.clock, info_budget_s=plan.info_budget_s)
+    finished = False
     try:
-        with tempfile.TemporaryDirectory(prefix="gpu_proof_") as folder:
-            if args.workdir:  # a fresh folder inside it, so a rerun on a warm machine finds nothing in the way
-                Path(args.workdir).mkdir(parents=True, exist_ok=True)
-                folder = tempfile.mkdtemp(prefix="gpu_proof_", dir=args.workdir)
-            prove(proof, plan, layer, Path(folder), jobs)
-        complete = True
+        prove(proof, plan, layer, work, sizes)
+        finished = True
     finally:
-        proof.write(complete=complete)
+        proof.write(complete=finished)
     print("\n" + proof.table())
-    print(f"Record: {Path(args.out).resolve()}")
-    if proof.budget_skips:
-        print(f"INCOMPLETE: {proof.budget_skips} check(s) skipped because the {proof.budget_s:.0f} s budget "
-              "was spent; this is no verdict")
-    return 1 if proof.counts()["FAIL"] or proof.budget_skips else 0
+    print(f"Record: {Path(args.out).resolve()}\nRuns and logs: {work}")
+    print(proof.verdict_line())
+    return proof.exit_code(finished)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""The GPU proof's record: one row per check, a time budget, a printed table and an atomic JSON file.
+"""The GPU proof's record: one row per check, two time budgets, a printed table and an atomic JSON file.
 
 Every check runs through :meth:`Proof.check`, which turns any exception into a FAIL row with a
-one-line reason, so one broken check never stops the others. The JSON file is rewritten
-atomically after every row (a run cut short still leaves a readable record) and once at the end
-with ``"complete": true`` unless a check was skipped because the budget was spent.
+one-line reason, so one broken check never stops the others. A row is a claim (PASS or FAIL
+decides the verdict) or information (timings); each kind has its own budget, and information
+rows start only after the claims' budget, so cutting them never touches a claim. A claim that
+could not be decided in time (skipped for the budget, or a run still going at the deadline) is
+INCOMPLETE. :meth:`Proof.exit_code`: 0 every claim decided and none FAILs, 1 a claim FAILs, 3
+incomplete. The JSON file is rewritten atomically after every row (a run cut short still leaves
+a readable record) and once at the end.
 """
 
 import json
@@ -14,10 +18,12 @@ from typing import Callable
 
 from utils.files import atomic_write_bytes
 
-STATUSES = ("PASS", "FAIL", "SKIP", "INFO")
-# What a row says, finer than its status: a FAIL is a MISMATCH (audit and device disagree), a
-# TIMEOUT (a run killed at the proof's deadline) or a plain FAIL; a SKIP is for the budget or not.
+STATUSES = ("PASS", "FAIL", "INCOMPLETE", "SKIP", "INFO")
+# What a row says, finer than its status: a FAIL is a MISMATCH (audit and device disagree) or a
+# plain FAIL; an INCOMPLETE is a TIMEOUT (a run killed at the proof's deadline) or a claim skipped
+# for the budget; a SKIP is an information row skipped for its budget or a row that does not apply.
 KINDS = ("PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "SKIP", "INFO")
+EXIT_PASS, EXIT_FAIL, EXIT_INCOMPLETE = 0, 1, 3
 BUDGET_SKIP = "time budget"
 NAME_WIDTH = 56
 
@@ -66,42 +72,51 @@ class Row:
     detail: str
     seconds: float
     data: dict
+    claim: bool = True
 
 
 class Proof:
-    """Collects rows under a wall-clock budget and keeps ``out`` (JSON) up to date."""
+    """Collects rows under two wall-clock budgets and keeps ``out`` (JSON) up to date.
 
-    def __init__(self, out: Path, budget_s: float, meta: dict, clock: Callable[[], float] = time.monotonic):
+    Claims may start until ``budget_s`` has passed; information rows until ``budget_s + info_budget_s``.
+    """
+
+    def __init__(self, out: Path, budget_s: float, meta: dict, clock: Callable[[], float] = time.monotonic,
+                 info_budget_s: float = 0.0):
         self.clock = clock  # a replay (benchmarks/gpu_proof/device.py) passes one that can jump to a budget cut
         self.out = Path(out)
         self.budget_s = budget_s
+        self.info_budget_s = info_budget_s
         self.meta = dict(meta)
         self.rows: list[Row] = []
-        self.budget_skips = 0  # checks not run because the budget was spent: the proof is then incomplete
         self.started = clock()
 
     def elapsed(self) -> float:
         """Seconds since the proof started."""
         return self.clock() - self.started
 
-    def remaining(self) -> float:
-        """Seconds left in the budget (negative once it is spent)."""
-        return self.budget_s - self.elapsed()
+    def remaining(self, claim: bool = True) -> float:
+        """Seconds left in the claims' (or the information rows') budget; negative once it is spent."""
+        return self.budget_s + (0 if claim else self.info_budget_s) - self.elapsed()
 
-    def check(self, section: str, name: str, func: Callable[[], Verdict]) -> Row:
-        """Run ``func`` unless the budget is spent; any exception becomes a FAIL row with its reason."""
+    def _run(self, func: Callable[[], Verdict], claim: bool, needs_s: float) -> Verdict:
+        if self.remaining(claim) <= needs_s:
+            budget = self.budget_s + (0 if claim else self.info_budget_s)
+            why = f"less left than the {needs_s:.0f} s this check takes" if needs_s > 0 else "spent before this check"
+            return Verdict("INCOMPLETE" if claim else "SKIP", f"{BUDGET_SKIP} of {budget:.0f} s: {why}")
+        try:
+            return func()
+        except DeadlineExceeded as e:
+            return Verdict("INCOMPLETE" if claim else "SKIP", one_line(e), {"timeout": True})
+        except Exception as e:  # one failing check must not stop the proof
+            return Verdict("FAIL", one_line(e))
+
+    def check(self, section: str, name: str, func: Callable[[], Verdict], claim: bool = True,
+              needs_s: float = 0.0) -> Row:
+        """Run ``func`` unless less than ``needs_s`` of its budget is left; any exception becomes a FAIL row."""
         t0 = time.monotonic()
-        if self.remaining() <= 0:
-            result = skip(f"{BUDGET_SKIP} of {self.budget_s:.0f} s spent before this check")
-            self.budget_skips += 1
-        else:
-            try:
-                result = func()
-            except DeadlineExceeded as e:
-                result = Verdict("FAIL", one_line(e), {"timeout": True})
-            except Exception as e:  # one failing check must not stop the proof
-                result = Verdict("FAIL", one_line(e))
-        row = Row(section, name, result.status, result.detail, round(time.monotonic() - t0, 3), result.data)
+        result = self._run(func, claim, needs_s)
+        row = Row(section, name, result.status, result.detail, round(time.monotonic() - t0, 3), result.data, claim)
         self.rows.append(row)
         print(format_row(row), flush=True)
         self.write(complete=False)
@@ -111,23 +126,51 @@ class Proof:
         """``{status: number of rows}`` for every status."""
         return {status: sum(r.status == status for r in self.rows) for status in STATUSES}
 
+    def undecided(self) -> list:
+        """Claim rows without a verdict: skipped for the budget, or a run still going at the deadline."""
+        return [r for r in self.rows if r.claim and r.status == "INCOMPLETE"]
+
+    def info_cut(self) -> list:
+        """Information rows skipped for their budget (never part of the verdict)."""
+        return [r for r in self.rows if not r.claim and row_kind(r) in ("SKIP budget", "TIMEOUT")]
+
+    def exit_code(self, finished: bool = True) -> int:
+        """1 when a claim FAILs; else 3 when a claim is undecided or the proof did not finish; else 0."""
+        if any(r.claim and r.status == "FAIL" for r in self.rows):
+            return EXIT_FAIL
+        return EXIT_INCOMPLETE if self.undecided() or not finished else EXIT_PASS
+
     def write(self, complete: bool) -> None:
-        """Write the whole record to ``out`` atomically; a proof cut short by its budget is never complete."""
-        record = {**self.meta, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed(), 1),
-                  "complete": complete and not self.budget_skips, "budget_skips": self.budget_skips,
+        """Write the whole record to ``out`` atomically; a proof with an undecided claim is never complete."""
+        record = {**self.meta, "budget_s": self.budget_s, "info_budget_s": self.info_budget_s,
+                  "elapsed_s": round(self.elapsed(), 1), "complete": complete and not self.undecided(),
+                  "exit_code": self.exit_code(complete), "undecided": [r.name for r in self.undecided()],
+                  "info_cut": [r.name for r in self.info_cut()],
                   "counts": self.counts(), "rows": [asdict(r) for r in self.rows]}
         atomic_write_bytes(self.out, (json.dumps(record, indent=1, default=str) + "\n").encode())
 
+    def verdict_line(self) -> str:
+        """The last line printed: the exit code and, when incomplete, why."""
+        code = self.exit_code()
+        if code == EXIT_FAIL:
+            return f"FAIL (exit 1): {sum(r.claim and r.status == 'FAIL' for r in self.rows)} claim row(s) failed"
+        note = f"; {len(self.info_cut())} information row(s) cut by their budget" if self.info_cut() else ""
+        if code == EXIT_INCOMPLETE:
+            reasons = "; ".join(f"{r.section}/{r.name}: {r.detail}" for r in self.undecided())
+            return f"INCOMPLETE (exit 3), no verdict: {reasons}{note}"
+        return f"PASS (exit 0): every claim row passed or does not apply here{note}"
+
     def table(self) -> str:
         """The final table: every row, then the counts."""
-        lines = [f"{'status':<7}{'section':<10}{'check':<{NAME_WIDTH}} detail"]
+        lines = [f"{'status':<11}{'section':<10}{'check':<{NAME_WIDTH}} detail"]
         lines += [format_row(r) for r in self.rows]
         failed = [r for r in self.rows if r.status == "FAIL"]
         if failed:
             lines.append(f"\n{len(failed)} FAIL row(s):")
             lines += [f"  {r.section}/{r.name}: {r.detail}" for r in failed]
         lines.append(", ".join(f"{n} {status}" for status, n in self.counts().items())
-                     + f" in {self.elapsed():.0f} s (budget {self.budget_s:.0f} s)")
+                     + f" in {self.elapsed():.0f} s (budgets: claims {self.budget_s:.0f} s, "
+                       f"information {self.info_budget_s:.0f} s)")
         return "\n".join(lines)
 
 
@@ -136,13 +179,13 @@ def row_kind(row) -> str:
     row = row if isinstance(row, dict) else asdict(row)
     if row["status"] == "FAIL" and row["detail"].startswith("MISMATCH"):
         return "MISMATCH"
-    if row["status"] == "FAIL" and row["data"].get("timeout"):
+    if row["data"].get("timeout"):
         return "TIMEOUT"
-    if row["status"] == "SKIP" and row["detail"].startswith(BUDGET_SKIP):
+    if row["status"] in ("SKIP", "INCOMPLETE") and row["detail"].startswith(BUDGET_SKIP):
         return "SKIP budget"
     return row["status"]
 
 
 def format_row(row: Row) -> str:
     """``PASS   ops       adaptive_max_pool2d(1)      audit: raises on cuda; cuda strict: raises``."""
-    return f"{row.status:<7}{row.section:<10}{row.name:<{NAME_WIDTH}} {row.detail}"
+    return f"{row.status:<11}{row.section:<10}{row.name:<{NAME_WIDTH}} {row.detail}"

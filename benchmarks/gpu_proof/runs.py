@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_WITH_PROOF_MODULES = "import benchmarks.gpu_proof.modules, train; train.cli()"  # started in ROOT
 CHECKSUM_LINE = re.compile(r"Final EMA weights sha256[^:]*: ([0-9a-f]{64})")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
-KILL_AFTER_BATCH = 2  # mid-epoch in both plans (4 batches per epoch in the quick one, 6 in the full one)
+# Mid-epoch in both plans (4 batches per epoch in the quick one, 6 in the full one) and, with warm-up
+# off and 4 batches per optimizer step (NOMINAL_BATCH 64 / batch 16), after 2 of the 4 batches' gradients.
+KILL_AFTER_BATCH = 2
 
 
 def read_log(log_file: Path) -> str:
@@ -133,22 +135,23 @@ def run_to_end(cmd: list, project: Path, name: str, timeout: float, threads: int
 
 
 def _mid_epoch_position(last_pt: Path) -> list | None:
-    """``[epoch, batch]`` of a mid-epoch ``last.pt`` (batch > 0 and still resumable), else None."""
+    """``[epoch, batch, batches accumulated since the last optimizer step]`` of a mid-epoch ``last.pt`` in
+    epoch 0 (batch > 0 and still resumable), else None."""
     if not last_pt.exists():
         return None
     ckpt = torch.load(last_pt, weights_only=True, map_location="cpu")
     position = ckpt.get("next_position")
     if ckpt.get("optimizer") is None or not position or position[1] <= 0:
         return None
-    return list(position)
+    return [*position, position[1] - 1 - int(ckpt["last_opt_step"])]
 
 
 def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float, threads: int | None = None,
                    batch: int = KILL_AFTER_BATCH) -> tuple[list | None, RunResult]:
     """Run ``cmd`` with train.py's test-only switch: it saves ``last.pt`` after ``batch`` batches, then SIGKILLs itself.
 
-    Returns the recorded position (None unless the run died of its SIGKILL with a mid-epoch ``last.pt``)
-    and the killed run.
+    Returns the recorded position ``[epoch, batch, batches of pending gradient]`` (None unless the run
+    died of its SIGKILL with a mid-epoch ``last.pt``) and the killed run.
     """
     log_file = project / f"{name}.log"
     t0 = time.monotonic()

@@ -2,10 +2,17 @@
 
 :func:`audit_model` runs what ``train.py``'s training step runs (forward, loss, backward, an
 optimizer step and the EMA update) on deep copies of a model, records every aten op under a
-``TorchDispatchMode`` and matches it against :data:`NONDETERMINISTIC_OPS`, a table of the ops
-PyTorch throws for under ``torch.use_deterministic_algorithms(True)``. Each finding names its op,
-its phase, the devices where it throws and the innermost module (or ``loss``, ``optimizer``,
-``ema``) that issued it; the table part is predictive, so a CPU run names CUDA-only failures.
+``TorchDispatchMode`` and matches it against the op table (``utils/determinism/op_table.py``) of
+the ops PyTorch throws for under ``torch.use_deterministic_algorithms(True)``. Each finding names
+its op, its phase, the devices where it throws and the innermost module (or ``loss``,
+``optimizer``, ``ema``) that issued it.
+
+A CPU audit predicts CUDA too, from a second trace on the ``meta`` device: PyTorch's Python code
+branches on ``input.is_cpu`` (``F.interpolate`` decomposes bilinear and trilinear on non-CPU
+inputs under determinism), and ``meta`` takes CUDA's branch. The meta trace replaces the loss by
+the sum of the outputs (a detection loss needs values), so the loss's own ops are predicted from
+the CPU trace; where meta has no kernel for an op of the model, the whole CUDA prediction comes
+from the CPU trace, and the report and each CUDA finding say so (:attr:`AuditReport.cuda_trace`).
 The command line is ``python audit.py --cfg MODEL.yaml``; this module never imports ``models/``:
 callers pass the model and, for a detection model, a loss factory (:func:`detection_loss`).
 """
@@ -13,159 +20,21 @@ callers pass the model and, for a detection model, a loss factory (:func:`detect
 import contextlib
 import logging
 import math
+import re
 import threading
 import warnings
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
+from utils.determinism.op_table import match_nondeterministic
 from utils.logging import LOGGER
 from utils.loss import ComputeLoss
 from utils.torch_utils import (ModelEMA, de_parallel, get_rng_state, input_channels, set_rng_state,
                                smart_optimizer, temporary_determinism)
-
-# ----------------------------------------------------------------------------- the op table
-
-CUDA_ONLY = ("cuda",)
-CPU_AND_CUDA = ("cpu", "cuda")
-
-
-def _argument_is(name: str, expected) -> Callable[[str, dict], bool]:
-    """Condition: the op's argument ``name`` equals ``expected``."""
-    return lambda overload, arguments: arguments.get(name) == expected
-
-
-def _floating_input(overload: str, arguments: dict) -> bool:
-    """Condition: the op's ``self`` tensor is floating point."""
-    tensor = arguments.get("self")
-    return isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
-
-
-@dataclass(frozen=True)
-class NondeterministicOp:
-    """One row of the op table: aten ops that throw under determinism.
-
-    ``doc_names`` are the names used in ``torch.use_deterministic_algorithms.__doc__``'s
-    "will throw a RuntimeError" list; ``aten`` the overload packets the audit sees at dispatch
-    (backward kernels for "when attempting to differentiate"); ``devices`` where it throws;
-    ``applies(overload, arguments)`` narrows argument-dependent rows (None: always).
-    ``kernel`` is set only for rows torch raises for but does not document: the ATen kernel
-    whose ``alertNotDeterministic`` call is the source.
-    """
-
-    doc_names: tuple
-    aten: tuple
-    devices: tuple
-    condition: str = ""
-    applies: Callable[[str, dict], bool] | None = None
-    kernel: str = ""
-
-    @property
-    def reason(self) -> str:
-        """Human-readable source of the row, e.g. ``torch.Tensor.put_ with accumulate=False``."""
-        text = " / ".join(self.doc_names) + (f" with {self.condition}" if self.condition else "")
-        return text + (f" (undocumented; raised by {self.kernel})" if self.kernel else "")
-
-
-# Built from torch.use_deterministic_algorithms.__doc__ (torch 2.x); tests/test_determinism.py
-# cross-checks the documented rows against the installed torch in both directions, so an upgrade
-# that adds or retires an entry fails the suite. Ops torch documents as switching to a
-# deterministic algorithm (index_add, scatter_add_, cumsum, ...) are not failures and are not listed.
-DOCUMENTED_OPS = (
-    NondeterministicOp(("torch.nn.AvgPool3d",), ("avg_pool3d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.AdaptiveAvgPool2d",), ("_adaptive_avg_pool2d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.AdaptiveAvgPool3d",),
-                       ("_adaptive_avg_pool3d_backward", "adaptive_avg_pool3d_backward"), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.AdaptiveMaxPool2d",), ("adaptive_max_pool2d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.FractionalMaxPool2d",), ("fractional_max_pool2d_backward",), CUDA_ONLY),
-    NondeterministicOp(("torch.nn.FractionalMaxPool3d",), ("fractional_max_pool3d_backward",), CUDA_ONLY),
-    # MaxUnpool1d runs on the 2-D kernel; unpooling throws on every device, forward included.
-    NondeterministicOp(("torch.nn.MaxUnpool1d", "torch.nn.MaxUnpool2d"), ("max_unpool2d",), CPU_AND_CUDA),
-    NondeterministicOp(("torch.nn.MaxUnpool3d",), ("max_unpool3d",), CPU_AND_CUDA),
-    NondeterministicOp(("torch.nn.functional.interpolate",),
-                       ("upsample_linear1d_backward", "upsample_bilinear2d_backward",
-                        "upsample_bicubic2d_backward", "upsample_trilinear3d_backward"),
-                       CUDA_ONLY, "mode linear, bilinear, bicubic or trilinear"),
-    NondeterministicOp(("torch.nn.ReflectionPad1d", "torch.nn.ReflectionPad2d", "torch.nn.ReflectionPad3d"),
-                       ("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward"),
-                       CUDA_ONLY),
-    # Only the image-shaped (2-D target) NLL kernel accumulates with atomics, and only when it
-    # reduces: nll_loss2d_forward_out_cuda_template alerts for reduction != 'none' (aten's 0).
-    NondeterministicOp(("torch.nn.NLLLoss",), ("nll_loss2d_forward",), CUDA_ONLY, "reduction 'mean' or 'sum'",
-                       lambda overload, arguments: arguments.get("reduction") != 0),
-    NondeterministicOp(("torch.nn.CTCLoss",), ("_ctc_loss_backward",), CUDA_ONLY),
-    # aten encodes EmbeddingBag's mode as an int: 0 sum, 1 mean, 2 max.
-    NondeterministicOp(("torch.nn.EmbeddingBag",), ("_embedding_bag_backward", "_embedding_bag_dense_backward"),
-                       CUDA_ONLY, "mode='max'", _argument_is("mode", 2)),
-    NondeterministicOp(("torch.Tensor.put_",), ("put_", "put"), CPU_AND_CUDA, "accumulate=False",
-                       _argument_is("accumulate", False)),
-    NondeterministicOp(("torch.Tensor.put_",), ("put_", "put"), CUDA_ONLY, "accumulate=True",
-                       _argument_is("accumulate", True)),
-    # _histc_cuda alerts only for floating-point input; integer histograms count exactly.
-    NondeterministicOp(("torch.histc",), ("histc",), CUDA_ONLY, "floating-point input", _floating_input),
-    NondeterministicOp(("torch.bincount",), ("bincount",), CUDA_ONLY, "weights",
-                       lambda overload, arguments: arguments.get("weights") is not None),
-    # nanmedian shares median's CUDA kernel for the indices output; the plain overload has none.
-    NondeterministicOp(("torch.median",), ("median", "nanmedian"), CUDA_ONLY, "indices output",
-                       lambda overload, arguments: overload != "default"),
-    NondeterministicOp(("torch.nn.functional.grid_sample",),
-                       ("grid_sampler_2d_backward", "grid_sampler_3d_backward"), CUDA_ONLY),
-    NondeterministicOp(("torch.Tensor.scatter_reduce",), ("scatter_reduce", "scatter_reduce_"), CUDA_ONLY,
-                       "reduce='prod'", _argument_is("reduce", "prod")),
-)
-
-# Ops torch raises for on CUDA without listing them in its documentation (source: the kernel's
-# alertNotDeterministic call, named in ``kernel``).
-UNDOCUMENTED_OPS = (
-    NondeterministicOp(("torch.nn.functional.interpolate",), ("_upsample_bilinear2d_aa_backward",), CUDA_ONLY,
-                       "mode='bilinear', antialias=True", kernel="upsample_bilinear2d_aa_backward_out_cuda"),
-    NondeterministicOp(("torch.nn.functional.interpolate",), ("_upsample_bicubic2d_aa_backward",), CUDA_ONLY,
-                       "mode='bicubic', antialias=True", kernel="upsample_bicubic2d_aa_backward_out_cuda"),
-    NondeterministicOp(("torch.Tensor.index_reduce_",), ("index_reduce", "index_reduce_"), CUDA_ONLY,
-                       kernel="index_reduce_func_cuda_impl (alert 'index_reduce_cuda')"),
-)
-
-NONDETERMINISTIC_OPS = DOCUMENTED_OPS + UNDOCUMENTED_OPS
-
-# Documented entries the audit deliberately does not check, with the reason.
-EXEMPT_DOC_NAMES = {
-    "torch.Tensor.resize_": "throws only for quantized tensors, which training never uses",
-}
-
-_ROWS_BY_ATEN: dict[str, list] = {}
-for _row in NONDETERMINISTIC_OPS:
-    for _name in _row.aten:
-        _ROWS_BY_ATEN.setdefault(_name, []).append(_row)
-
-
-def _named_arguments(func, args: tuple, kwargs: dict) -> dict:
-    """An aten call's arguments by schema name, defaults filled in (e.g. ``accumulate=False``)."""
-    named = {}
-    for i, schema_arg in enumerate(func._schema.arguments):
-        if i < len(args):
-            named[schema_arg.name] = args[i]
-        elif schema_arg.name in kwargs:
-            named[schema_arg.name] = kwargs[schema_arg.name]
-        elif schema_arg.has_default_value():
-            named[schema_arg.name] = schema_arg.default_value
-    return named
-
-
-def match_nondeterministic(func, args: tuple = (), kwargs: dict | None = None) -> NondeterministicOp | None:
-    """The table row an aten call falls under, or None when it is deterministic everywhere."""
-    rows = _ROWS_BY_ATEN.get(func.overloadpacket.__name__)
-    if not rows:
-        return None
-    overload = func._overloadname
-    arguments = _named_arguments(func, args, kwargs or {})
-    for row in rows:
-        if row.applies is None or row.applies(overload, arguments):
-            return row
-    return None
-
 
 # ----------------------------------------------------------------------------- the report
 
@@ -173,6 +42,8 @@ PHASES = ("forward", "backward", "step")  # step: gradient clipping, optimizer s
 _MODULE_KEY = "determinism_audit_module"  # key in autograd Node.metadata
 _OUTSIDE_MODEL = "(outside the model)"
 _TORCH_ALERT = " does not have a deterministic implementation"
+META_TRACE = "meta"
+LOSS_FROM_CPU = "CUDA predicted from the CPU trace (the meta trace cannot compute the loss)"
 AUDIT_NWD_C = 8.0  # stand-in NWD constant (px) for auditing a loss whose run has not measured its data yet
 
 
@@ -202,6 +73,14 @@ class Finding:
         return cls(devices=tuple(devices), **text)
 
 
+def _same_op(flagged: str, table_op: str) -> bool:
+    """True when torch's alert name (``_histc_cuda``, ``adaptive_avg_pool2d_backward_cuda``) is the table's aten op.
+
+    The alert names the kernel: a device suffix, and aten's leading underscore dropped or added.
+    """
+    return flagged.lstrip("_").startswith(table_op.lstrip("_"))
+
+
 @dataclass
 class AuditReport:
     """What :func:`audit_model` saw: table findings plus, from the real run, what torch warned about."""
@@ -213,6 +92,7 @@ class AuditReport:
     op_counts: dict = field(default_factory=dict)  # {"forward": n, "backward": n, "step": n}
     torch_version: str = torch.__version__
     batch_size: int = 2
+    cuda_trace: str = ""  # what the CUDA findings come from: a CUDA or meta trace, or the CPU one and why
 
     @property
     def clean(self) -> bool:
@@ -225,7 +105,7 @@ class AuditReport:
         failing = [f for f in self.findings if device_type in f.devices]
         explained = {f.op for f in failing}
         for flag in self.torch_flagged:
-            if not any(flag["op"].startswith(op) for op in explained):
+            if not any(_same_op(flag["op"], op) for op in explained):
                 failing.append(Finding(flag["op"], flag["phase"], "(reported by torch)", (device_type,),
                                        flag["message"]))
         return failing
@@ -234,7 +114,8 @@ class AuditReport:
         """A human-readable multi-line report."""
         counted = ", ".join(f"{n} {phase}" for phase, n in self.op_counts.items())
         lines = [f"Determinism audit of one training step (batch {self.batch_size}, {self.imgsz}x{self.imgsz}) "
-                 f"on {self.device} (torch {self.torch_version}): {counted} aten ops recorded"]
+                 f"on {self.device} (torch {self.torch_version}): {counted} aten ops recorded; "
+                 f"CUDA predicted from: {self.cuda_trace or self.device}"]
         if self.findings:
             op_width = max(len("op"), *(len(f.op) for f in self.findings)) + 2
             module_width = max(len("module"), *(len(f.module) for f in self.findings)) + 2
@@ -256,7 +137,7 @@ class AuditReport:
     def to_dict(self) -> dict:
         """Plain data for the run's determinism report."""
         return {"device": self.device, "imgsz": self.imgsz, "batch_size": self.batch_size,
-                "torch_version": self.torch_version, "clean": self.clean,
+                "torch_version": self.torch_version, "cuda_trace": self.cuda_trace, "clean": self.clean,
                 "findings": [f.to_dict() for f in self.findings],
                 "torch_flagged": [dict(flag) for flag in self.torch_flagged], "op_counts": dict(self.op_counts)}
 
@@ -267,10 +148,11 @@ class AuditReport:
         flags = [{"op": str(f["op"]), "phase": str(f["phase"]), "message": str(f["message"])}
                  for f in data["torch_flagged"]]
         counts = {str(phase): int(n) for phase, n in data["op_counts"].items()}
-        if not isinstance(data["device"], str) or not isinstance(data["torch_version"], str):
-            raise ValueError("device and torch_version must be strings")
-        return cls(device=data["device"], imgsz=int(data["imgsz"]), batch_size=int(data["batch_size"]),
-                   torch_version=data["torch_version"], findings=[Finding.from_dict(f) for f in data["findings"]],
+        text = {name: data[name] for name in ("device", "torch_version", "cuda_trace")}
+        if not all(isinstance(value, str) for value in text.values()):
+            raise ValueError("device, torch_version and cuda_trace must be strings")
+        return cls(imgsz=int(data["imgsz"]), batch_size=int(data["batch_size"]), **text,
+                   findings=[Finding.from_dict(f) for f in data["findings"]],
                    torch_flagged=flags, op_counts=counts)
 
 
@@ -375,8 +257,8 @@ def _dispatch_mode_base():
     return TorchDispatchMode
 
 
-def _make_recorder(tracker: _ModuleTracker):
-    """A TorchDispatchMode that counts every aten op and keeps the table's findings with their module."""
+def _make_recorder(tracker: _ModuleTracker, version: str):
+    """A TorchDispatchMode that counts every aten op and keeps the findings for torch ``version`` with their module."""
 
     class OpRecorder(_dispatch_mode_base()):
         def __init__(self):
@@ -396,7 +278,7 @@ def _make_recorder(tracker: _ModuleTracker):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if not tracker.paused:
-                row = match_nondeterministic(func, args, kwargs)
+                row = match_nondeterministic(func, args, kwargs, version)
                 with self.lock:
                     self.op_counts[self.phase] += 1
                     if row is not None:
@@ -536,17 +418,73 @@ class _TrainingStep:
             self.ema.update(self.model)
 
 
+def _run_step(student: nn.Module, images: torch.Tensor, loss_factory: LossFactory, amp: bool,
+              version: str) -> tuple:
+    """One recorded training step: ``(findings by (op, phase, module), torch's flags, op counts)``."""
+    tracker = _ModuleTracker(student)
+    recorder = _make_recorder(tracker, version)
+    try:
+        with temporary_determinism(True, warn_only=True):
+            step = _TrainingStep(student, images, loss_factory, amp)
+            _, flags = _record(recorder, "forward", lambda: step.forward(tracker))
+            if step.loss is not None:
+                flags += _record(recorder, "backward", step.backward)[1]
+                flags += _record(recorder, "step", lambda: step.step(tracker))[1]
+    finally:
+        tracker.remove()
+    unique_flags = list({(f["op"], f["phase"]): f for f in flags}.values())
+    return recorder.findings, unique_flags, dict(recorder.op_counts)
+
+
+def _meta_findings(model: nn.Module, images: torch.Tensor, version: str) -> tuple:
+    """``(findings, '')`` of the step traced on ``meta`` (CUDA's Python branches), or ``(None, why not)``."""
+    student = _training_copy(model).to("meta")
+    meta_images = torch.empty(images.shape, device="meta").contiguous(memory_format=torch.channels_last)
+    try:
+        return _run_step(student, meta_images, sum_of_outputs, False, version)[0], ""
+    except (NotImplementedError, RuntimeError) as e:  # an op without a meta kernel, or one that needs values
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        op = re.search(r"aten::\w+", first)
+        return None, op.group(0) if op else first[:80]
+
+
+def _with_cuda(finding: Finding | None, like: Finding, note: str = "") -> Finding:
+    """``finding`` (or ``like`` with no devices) that also fails on CUDA, ``note`` added to its reason."""
+    base = finding or replace(like, devices=())
+    return replace(base, devices=base.devices + ("cuda",), reason=base.reason + (f"; {note}" if note else ""))
+
+
+def predict_cuda(cpu: dict, meta: dict | None, meta_failure: str = "") -> list:
+    """Findings of a CPU audit: CPU failures from the CPU trace, CUDA ones from the meta trace.
+
+    The loss's CUDA failures come from the CPU trace (the meta trace replaces the loss), and so do
+    all of them when ``meta`` is None, its trace having failed with ``meta_failure``.
+    """
+    fallback = f"CUDA predicted from the CPU trace: meta has no kernel ({meta_failure})"
+    merged = {key: replace(f, devices=("cpu",)) for key, f in cpu.items() if "cpu" in f.devices}
+    for key, f in cpu.items():
+        if "cuda" in f.devices and (meta is None or f.module == "loss"):
+            merged[key] = _with_cuda(merged.get(key), f, fallback if meta is None else LOSS_FROM_CPU)
+    for key, f in (meta or {}).items():
+        if "cuda" in f.devices and f.module != "loss":
+            merged[key] = _with_cuda(merged.get(key), f)
+    return list(merged.values())
+
+
 def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int = 2, ch: int | None = None,
-                loss_factory: LossFactory | None = None, amp: bool = False) -> AuditReport:
+                loss_factory: LossFactory | None = None, amp: bool = False,
+                torch_version: str = torch.__version__) -> AuditReport:
     """Audit one training step on a ``(batch_size, ch, imgsz, imgsz)`` input; return the report.
 
     The step runs on deep copies (model, optimizer, EMA), so ``model`` and the RNG streams are
     left exactly as they were; ``model`` must already be on ``device``. ``loss_factory(copy,
     images)`` returns the loss callable (default :func:`sum_of_outputs`; :func:`detection_loss`
     for YOLO models); ``amp`` runs the forward under autocast as train.py does on CUDA. Every
-    aten op is matched against :data:`NONDETERMINISTIC_OPS`; the step runs under
+    aten op is matched against the op table rows for ``torch_version`` (the GPU proof's replay
+    predicts another release's GPU); the step runs under
     ``use_deterministic_algorithms(True, warn_only=True)``, so ``torch_flagged`` holds what torch
-    itself reports on this device. ``batch_size`` must be at least 2 (BatchNorm on a 1x1 map
+    itself reports on this device. On a CPU the CUDA findings come from a second trace on
+    ``meta`` (:func:`predict_cuda`). ``batch_size`` must be at least 2 (BatchNorm on a 1x1 map
     needs two values per channel).
     """
     if batch_size < 2:
@@ -557,18 +495,14 @@ def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int
     images = torch.rand((batch_size, ch or input_channels(student), imgsz, imgsz), generator=generator)
     images = images.to(device).contiguous(memory_format=torch.channels_last)
     saved_rng = get_rng_state()  # training-mode forwards (DropPath) draw from the global streams
-    tracker = _ModuleTracker(student)
-    recorder = _make_recorder(tracker)
     try:
-        with temporary_determinism(True, warn_only=True):
-            step = _TrainingStep(student, images, loss_factory or sum_of_outputs, amp)
-            _, flags = _record(recorder, "forward", lambda: step.forward(tracker))
-            if step.loss is not None:
-                flags += _record(recorder, "backward", step.backward)[1]
-                flags += _record(recorder, "step", lambda: step.step(tracker))[1]
+        found, flags, counts = _run_step(student, images, loss_factory or sum_of_outputs, amp, torch_version)
+        findings, cuda_trace = list(found.values()), str(device)
+        if device.type == "cpu":
+            meta, failure = _meta_findings(model, images, torch_version)
+            findings = predict_cuda(found, meta, failure)
+            cuda_trace = META_TRACE if meta is not None else f"cpu (meta has no kernel: {failure})"
     finally:
-        tracker.remove()
         set_rng_state(saved_rng)
-    unique_flags = list({(f["op"], f["phase"]): f for f in flags}.values())
-    return AuditReport(device=str(device), imgsz=imgsz, findings=list(recorder.findings.values()),
-                       torch_flagged=unique_flags, op_counts=dict(recorder.op_counts), batch_size=batch_size)
+    return AuditReport(device=str(device), imgsz=imgsz, findings=findings, torch_flagged=flags, op_counts=counts,
+                       batch_size=batch_size, cuda_trace=cuda_trace)
