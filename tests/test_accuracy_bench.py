@@ -109,11 +109,11 @@ def test_finished_row_reuses_a_saved_row_and_skips_unfinished_runs(tmp_path):
 
 
 def test_report_only_needs_the_matrix_folder(capsys):
-    from benchmarks.accuracy.matrix import parse_opt
+    from benchmarks.accuracy.matrix import main, parse_opt
 
-    with pytest.raises(SystemExit):
-        parse_opt(["--report-only"])
-    assert "--report-only needs --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--report-only"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("ERROR: --report-only needs --out")
     assert parse_opt(["--report-only", "--out", "m"]).report_only
 
 

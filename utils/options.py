@@ -7,6 +7,7 @@ single place where a resumed checkpoint's options meet the flags the user typed.
 """
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,9 @@ class OptionRules:
     """What a script's parsed options must satisfy (attribute names, e.g. ``"batch_size"``)."""
 
     positive: tuple = ()
-    non_negative: tuple = ()
+    non_negative: tuple = ()  # integers or finite numbers
+    fractions: tuple = ()  # finite numbers from 0 up to, not including, 1
+    positive_numbers: tuple = ()  # finite numbers above 0
     files: tuple = ()  # paths that must exist when given (an empty value means "not given")
     choices: tuple = ()  # (name, allowed values) pairs for values that argparse cannot restrict
 
@@ -70,8 +73,15 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
             raise UserError(f"{flag_name(name)} {value}: must be a positive integer")
     for name in rules.non_negative:
         value = getattr(opt, name)
-        if any(v < 0 for v in _values(value)):
+        if value is not None and any(not 0 <= v < math.inf for v in _values(value)):
             raise UserError(f"{flag_name(name)} {value}: must be 0 or more")
+    for name in rules.fractions:
+        if any(not 0 <= v < 1 for v in _values(getattr(opt, name))):
+            raise UserError(f"{flag_name(name)} {getattr(opt, name)}: must be at least 0 and below 1")
+    for name in rules.positive_numbers:
+        value = getattr(opt, name)
+        if value is not None and any(not 0 < v < math.inf for v in _values(value)):
+            raise UserError(f"{flag_name(name)} {value}: must be a positive number")
     for name in rules.files:
         for value in _values(getattr(opt, name)):
             if value and not Path(value).is_file():

@@ -9,7 +9,6 @@ loader returns, in pixels of the ``--imgsz`` training input. Without ``--data`` 
 generated into a temporary folder: 16 images of 512 px with 40-80 objects of 2-12 px each.
 """
 
-import argparse
 import tempfile
 from pathlib import Path
 
@@ -18,6 +17,9 @@ import numpy as np
 from utils.dataloaders import LoadImagesAndLabels
 from utils.dataset.data_config import check_dataset
 from utils.files import yaml_load
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 EDGES = (0, 2, 4, 8, 16, np.inf)
@@ -42,15 +44,19 @@ def size_counts(dataset, epochs: int) -> np.ndarray:
     return np.histogram(np.concatenate(sizes), bins=EDGES)[0]
 
 
+RULES = OptionRules(positive=("imgsz", "epochs"), non_negative=("values", "seed"))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for("benchmarks.accuracy.box_survival", description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="", help="data YAML (default: a generated very-tiny set)")
     parser.add_argument("--hyp", default=str(ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"))
     parser.add_argument("--imgsz", type=int, default=256)
     parser.add_argument("--values", type=float, nargs="+", default=[2.0, 1.0], help="min_box_px values")
     parser.add_argument("--epochs", type=int, default=4, help="passes over the training images")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = check_dataset(args.data)["train"] if args.data else generated_set(Path(tmp))

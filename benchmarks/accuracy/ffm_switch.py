@@ -29,12 +29,19 @@ from pathlib import Path
 from utils.convert_checkpoint import with_authors_ffm, with_fixed_ffm
 from utils.files import yaml_load, yaml_save
 from utils.training.checkpoints import load_checkpoint, save_checkpoint
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+RULES = OptionRules(positive=("source_epochs", "epochs", "imgsz", "batch_size"), non_negative=("seed",))
+
+
 def parse_opt(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser_for("benchmarks.accuracy.ffm_switch",
+                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(ROOT / "data" / "shapes.yaml"), help="data YAML")
     p.add_argument("--cfg", default=str(ROOT / "models" / "ffca-yolo-n.yaml"), help="model YAML of the source")
     p.add_argument("--source", default="", help="checkpoint in the authors' arithmetic (skips training one)")
@@ -46,7 +53,7 @@ def parse_opt(argv=None):
     p.add_argument("--device", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "runs" / "ffm-switch"), help="output folder")
-    return p.parse_args(argv)
+    return parse_checked(p, RULES, argv)
 
 
 def train_run(opt, name: str, **kwargs) -> Path:
@@ -119,6 +126,7 @@ def report(source: tuple, switched: tuple, fixed_curve: list, control_curve: lis
     return lines
 
 
+@exit_on_user_error
 def main(argv=None) -> list:
     opt = parse_opt(argv)
     source = source_checkpoint(opt)

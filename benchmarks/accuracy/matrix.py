@@ -29,15 +29,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import multiprocessing
 import os
 import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from benchmarks.accuracy.variants import ABLATIONS, MODELS, variant_yaml
+from benchmarks.cli import map_in_workers, parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
@@ -234,8 +235,12 @@ def jobs_for(opt: argparse.Namespace, out: Path) -> list[dict]:
     return jobs
 
 
+RULES = OptionRules(positive=("sizes", "epochs", "batch_size", "n_train", "n_val", "jobs"),
+                     non_negative=("seeds", "train_seeds"))
+
+
 def parse_opt(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser_for("benchmarks.accuracy.matrix", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
                    choices=sorted(MODELS) + sorted(ABLATIONS), help="models to train in every cell")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="object kinds")
@@ -253,12 +258,13 @@ def parse_opt(argv=None) -> argparse.Namespace:
                    help="keep data and runs here (default: a temporary folder); finished runs there are reused")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: report the runs that finished under --out (an interrupted or running matrix)")
-    opt = p.parse_args(argv)
+    opt = parse_checked(p, RULES, argv)
     if opt.report_only and opt.out is None:
         p.error("--report-only needs --out, the folder of the matrix to report")
     return opt
 
 
+@exit_on_user_error
 def main(argv=None) -> str:
     """Run the matrix; print and return the table and the per-cell verdicts."""
     opt = parse_opt(argv)
@@ -269,8 +275,7 @@ def main(argv=None) -> str:
         if opt.report_only:
             rows = [row for row in map(finished_row, jobs) if row is not None]
         else:
-            with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                rows = list(pool.map(train_one, jobs))
+            rows = map_in_workers(train_one, jobs, opt.jobs)
     spread = spread_verdicts(rows)
     report = "\n".join([format_table(rows), "", *target_verdicts(rows), *([""] + spread if spread else [])])
     print(f"\npython -m benchmarks.accuracy.matrix --epochs {opt.epochs} --batch-size {opt.batch_size} "

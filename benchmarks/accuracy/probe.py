@@ -18,7 +18,6 @@ no letterbox), every raw prediction of every level is compared with the labels, 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import cv2
@@ -31,6 +30,9 @@ from utils.dataset.image_io import img2label_paths
 from utils.converters.sources import list_images
 from utils.metrics import box_iou
 from utils.ops import xywh2xyxy
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 HIT_IOU = 0.5
 
@@ -102,12 +104,16 @@ def run(weights: str, data: str, max_images: int) -> str:
     return report(acc, [int(s) for s in backend.stride.tolist()])
 
 
+RULES = OptionRules(positive=("max_images",))
+
+
+@exit_on_user_error
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser_for("benchmarks.accuracy.probe", description=__doc__.splitlines()[0])
     p.add_argument("weights", help="a .pt checkpoint")
     p.add_argument("--data", required=True, help="data YAML whose val images were generated square")
     p.add_argument("--max-images", type=int, default=32)
-    opt = p.parse_args(argv)
+    opt = parse_checked(p, RULES, argv)
     torch.set_num_threads(1)
     print(run(opt.weights, opt.data, opt.max_images))
 

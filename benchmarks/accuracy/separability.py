@@ -15,7 +15,6 @@ Without ``--layers`` it reports each Detect input. Layer numbers are the model Y
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -26,6 +25,9 @@ from benchmarks.accuracy.probe import load_pair
 from models.backends import load_backend
 from utils.converters.sources import list_images
 from utils.dataset.data_config import check_dataset
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 BACKGROUND_PER_IMAGE = 200  # background cells sampled per image and layer
 RIDGE = 1e-3  # covariance ridge, relative to the mean variance: keeps dead channels invertible
@@ -106,13 +108,17 @@ def epoch_order(path: str) -> tuple[int, str]:
     return (int(found.group(1)) if found else 1 << 30, path)
 
 
+RULES = OptionRules(positive=("max_images",), non_negative=("layers",))
+
+
+@exit_on_user_error
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser_for("benchmarks.accuracy.separability", description=__doc__.splitlines()[0])
     p.add_argument("weights", nargs="+", help="checkpoints, e.g. RUN/weights/epoch*.pt (printed in epoch order)")
     p.add_argument("--data", required=True, help="data YAML whose val images were generated square")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="model YAML row numbers (default: the Detect inputs)")
     p.add_argument("--max-images", type=int, default=64)
-    opt = p.parse_args(argv)
+    opt = parse_checked(p, RULES, argv)
     torch.set_num_threads(1)
     for weights in sorted(opt.weights, key=epoch_order):
         try:

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from benchmarks.accuracy.matrix import BANDS, START_MAP50, train_one
 from benchmarks.accuracy.variants import ABLATIONS, MODELS, variant_yaml
+from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import UserError, exit_on_user_error
 from utils.files import yaml_load, yaml_save
-from utils.options import OneLineErrorParser
+from utils.options import OptionRules
 from utils.training.evolve import META
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,9 +183,12 @@ def seed_summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+RULES = OptionRules(positive=("epochs", "batch_size", "img_size", "n_train", "n_val", "jobs"), non_negative=("seeds",))
+
+
 def parse_opt(argv=None) -> tuple[argparse.Namespace, list[dict]]:
     """The suite's flags and the settings to run (``--compare``'s, or the one of ``--set``); a bad flag is a UserError."""
-    p = OneLineErrorParser(prog="python -m benchmarks.accuracy.very_tiny", description=__doc__.splitlines()[0])
+    p = parser_for("benchmarks.accuracy.very_tiny", __doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=sorted(MODELS) + sorted(ABLATIONS),
                    help="models to train")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
@@ -203,10 +205,7 @@ def parse_opt(argv=None) -> tuple[argparse.Namespace, list[dict]]:
     p.add_argument("--n-val", type=int, default=32, help="generated validation images per seed")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     p.add_argument("--out", type=Path, default=None, help="keep data and runs here (default: a temporary folder)")
-    opt = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "n_train", "n_val", "jobs"):
-        if getattr(opt, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(opt, name)}: must be a positive integer")
+    opt = parse_checked(p, RULES, argv)
     if opt.img_size < MIN_IMG_SIZE or opt.img_size % 32:
         raise UserError(f"--img-size {opt.img_size}: use a multiple of 32, at least {MIN_IMG_SIZE}")
     if not opt.hyp.is_file():
@@ -233,8 +232,7 @@ def run_suite(argv=None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = (opt.out or Path(tmp)).resolve()
         jobs = jobs_for(opt, settings, out)
-        with ProcessPoolExecutor(opt.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = list(pool.map(train_one, jobs))
+        rows = map_in_workers(train_one, jobs, opt.jobs)
     report = "\n".join([format_table(rows), "", *seed_summary(rows)])
     print(f"\n{command_line(opt)}\n{report}")
     return report

@@ -10,7 +10,6 @@ after one warm-up batch that starts the workers) and, with ``--workers 0``, the 
 test: run it on an idle machine.
 """
 
-import argparse
 import statistics
 import sys
 import time
@@ -19,6 +18,9 @@ from pathlib import Path
 from utils.dataset.data_config import check_dataset
 from utils.dataloaders import create_dataloader
 from utils.files import yaml_load
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +43,12 @@ def images_per_second(loader, epoch, batches):
     return n / elapsed, 1000 * cpu / n
 
 
+RULES = OptionRules(positive=("imgsz", "batch_size", "batches", "runs", "train_tiles"), non_negative=("workers",))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="data loader throughput benchmark")
+    parser = parser_for("benchmarks.speed.bench_dataloader", description="data loader throughput benchmark")
     parser.add_argument("--data", default=str(ROOT / "data" / "shapes.yaml"))
     parser.add_argument("--hyp", default=str(ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"))
     parser.add_argument("--imgsz", type=int, default=640)
@@ -52,7 +58,7 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=3, help="runs per worker count (median reported)")
     parser.add_argument("--train-tiles", type=int, default=None, help="tile side, as train.py --train-tiles")
     parser.add_argument("--cache", choices=["ram", "disk"], default=None, help="image cache, as train.py --cache")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
 
     data = check_dataset(args.data)
     hyp = yaml_load(args.hyp)

@@ -12,6 +12,9 @@ import statistics
 from pathlib import Path
 
 from benchmarks.speed.harness import time_batches
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,8 +24,13 @@ MODES = ("off", "warn", "scoped", "strict")
 ROWS = [(mode, mode, None) for mode in MODES] + [("scoped+nanfill", "scoped", True)]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+RULES = OptionRules(positive=("imgsz", "batch_size", "batches", "rounds"), non_negative=("workers",))
+
+
+@exit_on_user_error
+def main(argv=None):
+    p = parser_for("benchmarks.speed.bench_determinism",
+                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["models/yolov5n.yaml", "models/ffca-yolo.yaml"])
     p.add_argument("--imgsz", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
@@ -30,7 +38,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    args = p.parse_args()
+    args = parse_checked(p, RULES, argv)
     device = "cpu" if args.device == "cpu" else f"cuda:{args.device}"
     print(f"imgsz {args.imgsz}, batch {args.batch_size}, workers {args.workers}, device {device}, "
           f"{args.rounds} rounds x {args.batches} batches")

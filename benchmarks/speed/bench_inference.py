@@ -11,7 +11,6 @@ compile cost and the largest output difference to the eager model. A benchmark, 
 it on an idle machine.
 """
 
-import argparse
 import copy
 import statistics
 import time
@@ -20,6 +19,9 @@ from pathlib import Path
 import torch
 
 from models.yolo import Model
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,8 +51,12 @@ def compiled(model, example):
     return fast, time.perf_counter() - start, float((out - ref).abs().max())
 
 
+RULES = OptionRules(positive=("imgsz", "batches", "runs", "threads"), non_negative=("warmup",))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for("benchmarks.speed.bench_inference", description=__doc__.splitlines()[0])
     parser.add_argument("--cfg", default=str(ROOT / "models" / "yolov5n.yaml"))
     parser.add_argument("--imgsz", type=int, default=256)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -58,7 +64,7 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor, freezing) rows")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     plain = Model(args.cfg, nc=4).eval().fuse()

@@ -30,6 +30,9 @@ import torch
 
 from models import ffca
 from models.yolo import Model
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE_TYPES = ("FEM", "FFM_Concat2", "FFM_Concat3", "SCAM", "C3_Faster")
@@ -155,8 +158,13 @@ def bench_layer(label, layer, shapes, args, baseline) -> str:
     return row
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+RULES = OptionRules(positive=("nc", "imgsz", "batch_size", "repeats", "threads"), non_negative=("warmup",))
+
+
+@exit_on_user_error
+def main(argv=None):
+    p = parser_for("benchmarks.speed.bench_modules",
+                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["ffca-yolo-n", "ffca-yolo"],
                    help="model names in models/ or YAML paths (l-ffca-yolo has the C3_Faster layers)")
     p.add_argument("--nc", type=int, default=None, help="classes for --whole (default: the YAML's)")
@@ -169,7 +177,7 @@ def main():
     p.add_argument("--baseline", help="git revision whose models/ffca.py to compare against")
     p.add_argument("--channels-last", action="store_true", help="inputs and weights in channels-last memory format")
     p.add_argument("--whole", action="store_true", help="time each whole model instead of its FFCA layers")
-    args = p.parse_args()
+    args = parse_checked(p, RULES, argv)
     torch.set_num_threads(args.threads)
     baseline = load_baseline(args.baseline) if args.baseline else None
     header = f"{'layer':<34} {'input':<16} {'ms':>9}"

@@ -7,7 +7,6 @@ Prints the median of per-repetition time ratios (reference / current) at val.py'
 A benchmark, not a test: run it on an idle machine.
 """
 
-import argparse
 import statistics
 import sys
 import time
@@ -16,6 +15,9 @@ import torch
 import torchvision
 
 from utils.ops import non_max_suppression, xywh2xyxy
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 SETTINGS = {"val": {"conf_thres": 0.001, "iou_thres": 0.6, "multi_label": True},
             "detect": {"conf_thres": 0.25, "iou_thres": 0.45, "max_det": 1000}}
@@ -67,14 +69,18 @@ def random_prediction(generator, bs, n, nc, size=256.0):
     return pred
 
 
+RULES = OptionRules(positive=("reps", "threads", "images", "predictions", "nc"))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for("benchmarks.speed.bench_nms", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--predictions", type=int, default=4032)
     parser.add_argument("--nc", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
     torch.set_num_threads(args.threads)
     pred = random_prediction(torch.Generator().manual_seed(0), args.images, args.predictions, args.nc)
     for name, kwargs in SETTINGS.items():

@@ -20,6 +20,9 @@ import export
 from models.backends import load_backend
 from models.yolo import Model
 from utils.training.checkpoints import save_checkpoint
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("models/yolov5n.yaml", "models/ffca-yolo-n.yaml", "models/ffca-yolo.yaml")
@@ -48,14 +51,19 @@ def bench_one(cfg: str, imgsz: int, warmup: int, runs: int, folder: Path) -> tup
     return tuple(median_ms(load_backend(path), im, warmup, runs) for path in (weights, *exported))
 
 
+RULES = OptionRules(positive=("imgsz", "runs"), non_negative=("warmup", "threads"))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser_for("benchmarks.speed.bench_onnx",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cfg", nargs="+", default=list(MODELS), help="model YAMLs")
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = leave as is)")
-    opt = parser.parse_args(argv)
+    opt = parse_checked(parser, RULES, argv)
     if opt.threads:
         torch.set_num_threads(opt.threads)
     rows = []

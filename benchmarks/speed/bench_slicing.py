@@ -26,6 +26,9 @@ from utils.dataset.synthetic.shapes import make_image
 from utils.ops import non_max_suppression
 from utils.slicing import sliced_predictor, tile_grid
 from utils.torch_utils import select_device
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,8 +68,13 @@ def unsliced_pass(model, images, imgsz, stride, device):
         non_max_suppression(model(x)[0], 0.25, 0.45, max_det=1000)
 
 
+RULES = OptionRules(positive=("images", "image_size", "slice", "imgsz", "batches", "runs"), fractions=("overlap",))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser_for("benchmarks.speed.bench_slicing",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cfg", default=str(ROOT / "models" / "ffca-yolo-n.yaml"), help="model YAML (random init)")
     parser.add_argument("--weights", default="", help="checkpoint instead of a random-init --cfg model")
     parser.add_argument("--device", default="cpu", help="cpu or a CUDA index")
@@ -78,7 +86,7 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16], help="tile batch sizes to compare")
     parser.add_argument("--no-full-pass", action="store_true", help="tiles only")
     parser.add_argument("--runs", type=int, default=3, help="timed passes per figure")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
 
     device = select_device(args.device)
     model = load_model(args, device)

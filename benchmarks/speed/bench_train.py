@@ -11,6 +11,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS = ["models/yolov5n.yaml", "models/ffca-yolo-n.yaml", "models/ffca-yolo.yaml"]
@@ -25,8 +28,13 @@ def measure_one(args) -> dict:
             "peak_rss_gib": peak_rss_gib()}
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+RULES = OptionRules(positive=("imgsz", "batch_size", "batches"), non_negative=("workers",))
+
+
+@exit_on_user_error
+def main(argv=None):
+    p = parser_for("benchmarks.speed.bench_train",
+                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     p.add_argument("--imgsz", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
@@ -34,7 +42,7 @@ def main():
     p.add_argument("--batches", type=int, default=10, help="timed batches after 2 warm-up batches")
     p.add_argument("--device", default="cpu")
     p.add_argument("--one", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse_checked(p, RULES, argv)
     if args.one:
         print(json.dumps(measure_one(args)))
         return

@@ -12,7 +12,6 @@ architecture (not timed); each figure is the median of ``--runs`` timed passes o
 A benchmark, not a test: run it on an idle machine.
 """
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -28,6 +27,9 @@ from utils.training.checkpoints import save_checkpoint
 from utils.dataset.data_config import check_dataset
 from utils.dataloaders import create_dataloader
 from utils.torch_utils import select_device
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"yolov5s": ROOT / "models" / "yolov5s.yaml", "ffca-yolo": ROOT / "models" / "ffca-yolo.yaml"}
@@ -53,8 +55,12 @@ def median_rate(fn, n_images, runs):
     return statistics.median(rates), rates
 
 
+RULES = OptionRules(positive=("imgsz", "batch_size", "images", "runs"))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="val.py / detect.py throughput benchmark")
+    parser = parser_for("benchmarks.speed.bench_val_detect", description="val.py / detect.py throughput benchmark")
     parser.add_argument("--data", default=str(ROOT / "data" / "shapes.yaml"))
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--imgsz", type=int, default=640)
@@ -62,7 +68,7 @@ def main(argv=None):
     parser.add_argument("--images", type=int, default=32, help="validation images per timed pass")
     parser.add_argument("--runs", type=int, default=3, help="timed passes (median reported)")
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
 
     data = check_dataset(args.data)
     device = select_device(args.device, batch_size=args.batch_size)

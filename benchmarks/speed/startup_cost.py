@@ -23,6 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
+
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("off", "scoped cold", "scoped cached")
 
@@ -69,13 +73,18 @@ def train_args(args, mode: str, project: Path) -> list:
             "--project", str(project), "--name", "run"]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+RULES = OptionRules(positive=("imgsz", "rounds"))
+
+
+@exit_on_user_error
+def main(argv=None):
+    p = parser_for("benchmarks.speed.startup_cost",
+                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cfg", default="models/yolov5n.yaml")
     p.add_argument("--data", default="data/shapes.yaml")
     p.add_argument("--imgsz", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
+    args = parse_checked(p, RULES, argv)
     samples = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

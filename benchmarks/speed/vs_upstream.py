@@ -275,8 +275,24 @@ def table(results):
     return "\n".join(rows)
 
 
+# utils.options.OptionRules fields; plain data, as nothing of this project may be imported at the top (see run_worker)
+RULE_FIELDS = dict(positive=("pairs", "imgsz", "batch_size", "threads", "accumulate", "train_images",
+                             "train_batches", "val_images"), non_negative=("workers",))
+
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The flags; checked (one ERROR line for a bad one) except in a worker, which cannot import this project."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--worker" in argv:
+        return build_parser(argparse.ArgumentParser(description=__doc__.splitlines()[0])).parse_args(argv)
+    from benchmarks.cli import parse_checked, parser_for
+    from utils.options import OptionRules
+
+    parser = parser_for("benchmarks.speed.vs_upstream", description=__doc__.splitlines()[0])
+    return parse_checked(build_parser(parser), OptionRules(**RULE_FIELDS), argv)
+
+
+def build_parser(parser):
     parser.add_argument("--upstream", default=None,
                         help="PyPI install folder (pip --target) or upstream checkout; default $YOLOV5_UPSTREAM")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
@@ -292,16 +308,25 @@ def parse_args(argv=None):
     parser.add_argument("--weights", help="our state dict or checkpoint for val/detect (default: random init)")
     parser.add_argument("--worker", nargs=2, metavar=("SIDE", "TASK"), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--worker" in argv:
+        args = parse_args(argv)
         worker(*args.worker, json.loads(args.config))
         return 0
+    from utils.errors import exit_on_user_error  # not at the top: an upstream worker's ``utils`` is upstream's own
+
+    return exit_on_user_error(compare)(argv)
+
+
+def compare(argv):
+    """Both sides, task by task, in alternating pairs; prints the table."""
     from utils.env_vars import read  # not at the top: an upstream worker's ``utils`` is upstream's own
 
+    args = parse_args(argv)
     upstream = find_upstream(args.upstream or read("YOLOV5_UPSTREAM"))
     if upstream is None:
         print(f"upstream YOLOv5 not found ({args.upstream or 'no --upstream given'}); skipping. Install it apart "

@@ -10,7 +10,6 @@ optimizer steps of a plain SGD loop (no augmentation, no warm-up).
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
@@ -26,6 +25,9 @@ from utils.dataset.data_config import check_dataset
 from utils.dataloaders import create_dataloader
 from utils.files import yaml_load
 from utils.loss import ComputeLoss
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
@@ -113,15 +115,19 @@ def diagnose(name: str, cfg: Path, data: dict, imgsz: int, steps: int, batch: in
         step += 1
 
 
+RULES = OptionRules(positive=("imgsz", "steps", "batch_size"), non_negative=("seed",))
+
+
+@exit_on_user_error
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for("benchmarks.studies.accuracy_diagnostics", description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["yolov5n-p2", "ffca-yolo-n"])
     parser.add_argument("--imgsz", type=int, default=160)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", type=Path, default=None, help="data YAML (default: generated tiny-shapes, 160 px)")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
     with tempfile.TemporaryDirectory() as tmp:
         data = check_dataset(args.data or make_tiny_shapes(Path(tmp) / "tiny-shapes", n_train=128, n_val=16,
                                                            seed=args.seed))

@@ -11,7 +11,6 @@ first-step time (compilation included), the median of the later steps, and wheth
 from one seed end with bit-identical weights. A benchmark, not a test: run it on an idle machine.
 """
 
-import argparse
 import hashlib
 import statistics
 import time
@@ -21,6 +20,9 @@ import torch
 
 from models.yolo import Model
 from utils.loss import ComputeLoss
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 HYP = {"box": 0.05, "cls": 0.5, "cls_pw": 1.0, "obj": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0,
@@ -74,15 +76,19 @@ def profile_eager(cfg, images, targets, steps=3, rows=8):
         print(f"| {event.key} | {100 * event.self_cpu_time_total / total:.1f} % |")
 
 
+RULES = OptionRules(positive=("imgsz", "batch_size", "steps", "threads"))
+
+
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for("benchmarks.studies.compile_trial", description=__doc__.splitlines()[0])
     parser.add_argument("--cfg", default=str(ROOT / "models" / "yolov5n.yaml"))
     parser.add_argument("--imgsz", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--profile-only", action="store_true", help="only the op profile of the eager step")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, RULES, argv)
     torch.set_num_threads(args.threads)
     images, targets = fixed_batch(args.batch_size, args.imgsz)
     if args.profile_only:

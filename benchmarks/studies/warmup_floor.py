@@ -22,6 +22,9 @@ from pathlib import Path
 import train
 from benchmarks.accuracy.variants import MODELS
 from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
+from benchmarks.cli import parse_checked, parser_for
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
 
 USEFUL_MAP50 = 0.01  # a non-zero mAP50 of ~1e-5 is a lucky box, not a detector
 
@@ -49,8 +52,13 @@ def mAP_per_epoch(results_csv: Path) -> list[tuple[float, float]]:
         return [(float(r["metrics/mAP_0.5"]), float(r["metrics/mAP_0.5:0.95"])) for r in csv.DictReader(f)]
 
 
+RULES = OptionRules(positive=("epochs", "imgsz", "n_train", "n_val", "batch_size"))
+
+
+@exit_on_user_error
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser_for("benchmarks.studies.warmup_floor",
+                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["yolov5n", "ffca-yolo-n"], choices=sorted(MODELS))
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--imgsz", type=int, default=128)
@@ -58,7 +66,7 @@ def main(argv=None) -> None:
     p.add_argument("--n-val", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", type=Path, required=True, help="folder for the generated data and the runs")
-    opt = p.parse_args(argv)
+    opt = parse_checked(p, RULES, argv)
     data = opt.out / "tiny-shapes.yaml"
     if not data.exists():
         data = make_tiny_shapes(opt.out / "tiny-shapes", n_train=opt.n_train, n_val=opt.n_val, seed=0)

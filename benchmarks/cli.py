@@ -1,0 +1,36 @@
+"""The benchmark commands parse like the entry scripts: every flag is checked before any data is generated
+or any worker starts, and a bad one is one ``ERROR:`` line with exit code 2 (utils/options.py's checker).
+
+Each command builds a :class:`utils.options.OneLineErrorParser`, lists what its numeric flags must satisfy
+in an :class:`utils.options.OptionRules`, and starts with ``parse_checked(parser, RULES, argv)``;
+tests/test_benchmark_flags.py walks every command with one bad value per numeric flag.
+:func:`map_in_workers` reports an error raised in a worker process as one line too.
+"""
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+from utils.errors import UserError
+from utils.options import OneLineErrorParser, OptionRules, check_options
+
+
+def parser_for(module: str, description: str, **kwargs) -> OneLineErrorParser:
+    """The parser of ``python -m <module>``: a bad flag is one ERROR line naming the flag."""
+    return OneLineErrorParser(prog=f"python -m {module}", description=description, **kwargs)
+
+
+def parse_checked(parser, rules: OptionRules, argv=None):
+    """Parse ``argv`` and check it against ``rules``; the first bad flag is one UserError line."""
+    return check_options(parser.parse_args(argv), rules)
+
+
+def map_in_workers(func, items: list, jobs: int) -> list:
+    """``[func(item) for item in items]`` in ``jobs`` spawned processes; an error raised in one is one line."""
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return list(pool.map(func, items))
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- whatever a worker raised: one line, not its traceback
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise UserError(f"a worker failed: {type(e).__name__}: {first}") from None

@@ -1,0 +1,108 @@
+"""Every ``python -m benchmarks...`` command with one bad value per numeric flag: one ERROR line naming the flag,
+exit 2, before any data is generated or any worker starts. An error raised in a worker is one line too.
+
+benchmarks/gpu_proof/ checks its own flags (tests/test_gpu_proof.py) and is left out here, as is
+benchmarks/figures/, which draws the README's pictures from stored tables.
+"""
+
+import argparse
+import concurrent.futures
+import importlib
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import benchmarks.cli
+from benchmarks.cli import map_in_workers
+from utils.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = sorted(str(p.relative_to(ROOT).with_suffix("")).replace("/", ".")
+                  for p in (ROOT / "benchmarks").rglob("*.py")
+                  if "__main__" in p.read_text() and not {"gpu_proof", "figures"} & set(p.parts))
+BAD = {"positive": "0", "non_negative": "-1", "fractions": "1", "positive_numbers": "nan"}
+
+
+class Captured(Exception):
+    """Raised by the capturing parse_checked with the command's parser and rules."""
+
+
+def _parser_and_rules(module, monkeypatch):
+    def capture(parser, rules, argv=None):
+        raise Captured(parser, rules)
+
+    monkeypatch.setattr(module, "parse_checked", capture, raising=False)
+    monkeypatch.setattr(benchmarks.cli, "parse_checked", capture)  # for a command that imports it late
+    with pytest.raises(Captured) as captured:
+        module.main([])
+    monkeypatch.undo()
+    return captured.value.args
+
+
+def _numeric_flags(parser: argparse.ArgumentParser) -> list:
+    return [a for a in parser._actions if a.type in (int, float) and a.option_strings]
+
+
+def _required(parser) -> list:
+    """A stand-in value for each positional or required flag (checked after the numeric ones)."""
+    argv = []
+    for action in parser._actions:
+        if not action.option_strings:
+            argv.append("x")
+        elif action.required:
+            argv += [action.option_strings[0], "x"]
+    return argv
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Starting a worker or a child process fails the test: the flags must be checked first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the flags were checked")
+
+    for target, name in [(concurrent.futures, "ProcessPoolExecutor"), (benchmarks.cli, "ProcessPoolExecutor"),
+                         (subprocess, "run"), (subprocess, "Popen")]:
+        monkeypatch.setattr(target, name, refuse)
+
+
+def test_every_command_is_walked():
+    assert len(COMMANDS) >= 19 and "benchmarks.accuracy.matrix" in COMMANDS and "benchmarks.cli" not in COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_one_bad_value_per_numeric_flag_is_one_line_before_any_work(command, capsys, monkeypatch, no_work):
+    module = importlib.import_module(command)
+    parser, rules = _parser_and_rules(module, monkeypatch)
+    flags = _numeric_flags(parser)
+    assert flags, command
+    for action in flags:
+        rule = next((name for name in BAD if action.dest in getattr(rules, name)), None)
+        assert rule is not None, f"{command}: {action.option_strings[0]} has no rule in RULES"
+        flag = action.option_strings[0]
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            module.main([*_required(parser), flag, BAD[rule]])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1, (command, flag, err)
+        assert err[0].startswith(f"ERROR: {flag} "), (command, err)
+
+
+@pytest.mark.slow
+def test_an_error_raised_in_a_worker_is_one_line():
+    assert map_in_workers(math.sqrt, [4.0, 9.0], jobs=1) == [2.0, 3.0]
+    with pytest.raises(UserError, match=r"^a worker failed: ValueError: math domain error$"):
+        map_in_workers(math.sqrt, [4.0, -1.0], jobs=1)
+
+
+@pytest.mark.parametrize("argv, flag", [(["--epochs", "0"], "--epochs"), (["--jobs", "0"], "--jobs")])
+def test_the_matrix_refuses_before_generating_data(argv, flag, tmp_path, capsys, monkeypatch, no_work):
+    from benchmarks.accuracy import matrix
+
+    monkeypatch.setattr(matrix, "make_data", lambda *a, **k: pytest.fail("data generated before the check"))
+    with pytest.raises(SystemExit) as exit_info:
+        matrix.main([*argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err == [f"ERROR: {flag} 0: must be a positive integer"]
+    assert list(tmp_path.iterdir()) == []
