@@ -568,6 +568,7 @@ def main(opt, argv=None):
     dist = dist_info_from_env(opt.local_rank)
     opt, resume_ckpt = resolve_options(opt, argv)
     check_loggers(opt)  # a missing package stops here, before any folder is made
+    sigkill_after_batch()  # so does a bad value of this test-only variable (the loop reads it again)
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device
     device = select_device(opt.device, batch_size=opt.batch_size)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import convert_checkpoint
 import detect
@@ -175,3 +176,64 @@ def test_hostile_pickle_never_runs(entry, hostile_pickle, tmp_path, tiny_cfg, sh
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.pt"]
     torch.load(evil, weights_only=False)  # the ordinary unpickler does run it: the test can fail
     assert marker.exists()
+
+
+# ------------------------------------------------------------------ environment, tracker store, start-up order
+# Entry point x {bad environment variable, failing tracker store, start-up error after the run folder's name was
+# chosen}; out of memory at the first step of train.py, val.py, detect.py and AutoBatch is tests/test_out_of_memory.py,
+# every benchmark command's bad flags tests/test_benchmark_flags.py.
+
+
+def _train(argv):
+    sys.argv = ["train.py", *argv]
+    train.cli()
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "FFCA_DDP_TIMEOUT_MIN": "-5"},
+     "ERROR: FFCA_DDP_TIMEOUT_MIN='-5': expected a positive number of minutes"),
+    ({"YOLO_SIGKILL_AFTER_BATCH": "soon"}, "ERROR: YOLO_SIGKILL_AFTER_BATCH='soon': expected a batch count"),
+    ({"WORLD_SIZE": "two"}, "ERROR: WORLD_SIZE='two': expected an integer of at least 1"),
+])
+def test_train_with_a_bad_variable_is_one_line_and_no_run_folder(variables, expected, case, capsys, monkeypatch):
+    func, argv, folder, _ = case("train.py")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    assert _one_error_line(capsys, _train, argv).startswith(expected)
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["val.py", "detect.py"])
+def test_variables_an_entry_point_does_not_use_cannot_stop_it(entry, case, capsys, monkeypatch):
+    """FFCA_DDP_TIMEOUT_MIN=abc used to stop every entry point at import; a bad PIN_MEMORY is one warning."""
+    func, argv, folder, _ = case(entry)
+    monkeypatch.setenv("FFCA_DDP_TIMEOUT_MIN", "abc")
+    monkeypatch.setenv("PIN_MEMORY", "maybe")
+    func(argv)
+    assert "ERROR" not in capsys.readouterr().err and list(folder.iterdir())
+
+
+def test_a_tracking_store_mlflow_cannot_open_stops_train_before_any_folder(case, capsys, monkeypatch):
+    pytest.importorskip("mlflow")
+    func, argv, folder, _ = case("train.py")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "ftp://host/store")
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    line = _one_error_line(capsys, _train, [*argv, "--logger", "mlflow"])
+    assert line.startswith("ERROR: MLFLOW_TRACKING_URI='ftp://host/store': expected a folder path or a URI")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_start_up_error_after_the_folder_name_was_chosen_leaves_no_folder(case, capsys, monkeypatch, tmp_path):
+    """An empty val list used to fail only after runs/.../exp held hyp.yaml, opt.yaml and environment.yaml."""
+    func, argv, folder, _ = case("train.py")
+    data = yaml.safe_load(Path(argv[argv.index("--data") + 1]).read_text())
+    (tmp_path / "empty.txt").write_text("")
+    broken = tmp_path / "empty_val.yaml"
+    broken.write_text(yaml.safe_dump({**data, "val": str(tmp_path / "empty.txt")}))
+    argv[argv.index("--data") + 1] = str(broken)
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    line = _one_error_line(capsys, _train, argv, progress=("train: Scanning", "val: Scanning"))
+    assert "val: " in line and "no images found" in line
+    assert list(folder.iterdir()) == []  # so the next run is exp, not exp2
