@@ -95,3 +95,12 @@ def test_relative_links_resolve(page):
     path = ROOT / page
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
         assert (path.parent / target).exists(), f"{page}: link {target} points at nothing"
+
+
+@pytest.mark.parametrize("index", ["README.md", "docs/README.md"])
+def test_the_readme_and_the_handbook_index_link_every_doc_page(index):
+    text = (ROOT / index).read_text(encoding="utf-8")
+    base = (ROOT / index).parent
+    linked = {(base / target).resolve() for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)}
+    pages = {p.resolve() for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    assert sorted(p.name for p in pages - linked) == []
