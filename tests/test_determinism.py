@@ -29,8 +29,8 @@ from utils.files import yaml_load
 from utils.determinism.op_audit import (PARALLEL_GRAIN, AuditReport, Finding, audit_model, crowded_targets,
                                         detection_loss)
 from utils.determinism.op_table import (DOCUMENTED_OPS, NONDETERMINISTIC_OPS, UNDOCUMENTED_OPS, VERIFIED_TORCH,
-                                        exempt_doc_names, match_nondeterministic, release, release_name, rows_for,
-                                        verified)
+                                        documentation_mismatch, documented_names, match_nondeterministic, release,
+                                        release_name, verified)
 from utils.torch_utils import MODES, configure_determinism, temporary_determinism
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,25 +203,16 @@ def test_temporary_determinism_nested_restores_each_level():
 # ----------------------------------------------------------------------------- the op table
 
 
-def documented_throwing_ops() -> set[str]:
-    """Names in the installed torch's 'will throw a RuntimeError' list of use_deterministic_algorithms."""
-    doc = torch.use_deterministic_algorithms.__doc__
-    section = doc.split("nondeterministic operations will throw a")[1].split("In addition")[0]
-    return set(re.findall(r"^\s*\* :(?:class|func|meth):`([^`]+)`", section, flags=re.M))
-
-
 def test_op_table_matches_installed_torch_documentation():
     """The rows for the installed release against its docstring, both ways (run on 2.9 and 2.11 by
     benchmarks/gpu_proof/torch_versions.sh)."""
     if not verified(torch.__version__):
         pytest.skip(f"the op table was checked against torch {', '.join(VERIFIED_TORCH)}, not "
                     f"{release_name(torch.__version__)}: add its rows and release to utils/determinism/op_table.py")
-    documented = documented_throwing_ops()
-    assert len(documented) > 10, "could not parse torch.use_deterministic_algorithms.__doc__"
-    exempt = exempt_doc_names(torch.__version__)
-    in_table = {name for row in rows_for(torch.__version__) if row in DOCUMENTED_OPS for name in row.doc_names}
-    assert not documented - in_table - exempt, "torch documents ops the table lacks"
-    assert not (in_table | exempt) - documented, "table lists ops torch no longer documents"
+    assert len(documented_names(torch.use_deterministic_algorithms.__doc__)) > 10, "could not parse the docstring"
+    missing, retired = documentation_mismatch(torch.use_deterministic_algorithms.__doc__, torch.__version__)
+    assert not missing, f"torch documents ops the table lacks: {missing}"
+    assert not retired, f"table lists ops torch no longer documents: {retired}"
 
 
 def test_the_docstring_line_for_bilinear_is_stale_and_the_audit_says_it_runs_on_cuda():

@@ -176,3 +176,21 @@ def test_replay_produces_every_row_kind_in_every_section(tmp_path):
     by_name = {row["name"]: row for row in rows}
     for cuda_only in ("tiny: AMP on", "tiny: CUBLAS_WORKSPACE_CONFIG set in time"):
         assert by_name[cuda_only]["status"] == "PASS"  # the CUDA branch ran, not the CPU's SKIP
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", ["2.9", "2.11"])
+def test_a_slow_run_and_cut_information_rows_give_exit_3_not_1(tmp_path, release):
+    """Issue 37 finding 3: speed alone made the verdict FAIL; now a run at the deadline leaves it undecided."""
+    table = tmp_path / "slow.json"
+    table.write_text(json.dumps({**recorded(release), "killed_at_deadline": ["tiny-again"],
+                                 "budget_cut_after_timing_rows": 2}))
+    out = tmp_path / "proof.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_proof.proof", "--quick", "--replay", str(table),
+                           "--out", str(out), "--workdir", str(tmp_path / "work")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["undecided"] == ["tiny: rerun bit-identical"] and len(record["info_cut"]) == 2
+    assert record["counts"]["FAIL"] == 0 and record["proved_torch"] == release
+    assert "INCOMPLETE (exit 3), no verdict: reruns/tiny: rerun bit-identical" in proc.stdout

@@ -381,7 +381,7 @@ def chosen_device(request: str) -> torch.device:
 
 def start_lines(layer: LiveDevice, ready: str, work: Path) -> list:
     """What the proof prints before its first row: cuBLAS, torch and table, preflight, work folder."""
-    lines = [] if CUBLAS_FOUND in DETERMINISTIC_CUBLAS else [
+    lines = [] if CUBLAS_FOUND in (None, *DETERMINISTIC_CUBLAS) else [
         f"CUBLAS_WORKSPACE_CONFIG was {CUBLAS_FOUND!r}, not deterministic: set to {DETERMINISTIC_CUBLAS[0]}"]
     return lines + [layer.table_line(), ready, f"work folder (kept): {work}"]
 

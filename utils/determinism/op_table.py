@@ -12,6 +12,7 @@ non-CPU tensors under determinism, since torch 2.5) is not a row: the audit sees
 on a non-CPU device (``utils/determinism/op_audit.py``).
 """
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -185,6 +186,20 @@ EXEMPT_DOC_NAMES = {
 def exempt_doc_names(version: str) -> set:
     """The exempt documented names the docstring of torch ``version`` lists."""
     return {name for name, (_, until) in EXEMPT_DOC_NAMES.items() if not until or release(version) < release(until)}
+
+
+def documented_names(doc: str) -> set:
+    """Names in a ``torch.use_deterministic_algorithms`` docstring's "will throw a RuntimeError" list."""
+    section = doc.split("nondeterministic operations will throw a")[1].split("In addition")[0]
+    return set(re.findall(r"^\s*\* :(?:class|func|meth):`([^`]+)`", section, flags=re.M))
+
+
+def documentation_mismatch(doc: str, version: str) -> tuple[set, set]:
+    """``(documented but not in the rows for version, in those rows but not documented)``, exemptions aside."""
+    documented = documented_names(doc)
+    exempt = exempt_doc_names(version)
+    in_table = {name for row in rows_for(version) if row in DOCUMENTED_OPS for name in row.doc_names}
+    return documented - in_table - exempt, (in_table | exempt) - documented
 
 
 def rows_for(version: str) -> tuple:
