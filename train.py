@@ -64,10 +64,10 @@ from utils.training.run_state import (CheckpointSaver, plain_opt, restore_traini
 from utils.size_metrics import band_row  # noqa: E402
 from utils.training.schedule import apply_warmup, lr_lambda  # noqa: E402
 from utils.determinism.audit_cache import start_up_audit  # noqa: E402
+from utils.rng_state import cuda_rng_state, set_rng_state  # noqa: E402
 from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
-                               configure_determinism, cuda_rng_state, de_parallel, intersect_dicts,
-                               optimizer_step, prepare_cuda_environment, select_device, set_rng_state,
-                               smart_optimizer)
+                               configure_determinism, de_parallel, freeze_layers, intersect_dicts,
+                               optimizer_step, prepare_cuda_environment, select_device, smart_optimizer)
 
 NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
@@ -205,19 +205,6 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
     model.names = list(names)
     model.nc = nc
     return model
-
-
-def freeze_layers(model, freeze: list) -> list:
-    """Freeze ``--freeze N`` (first N layers) or ``--freeze i j k`` (those layers). Returns frozen prefixes."""
-    prefixes = [f"model.{i}." for i in (freeze if len(freeze) > 1 else range(freeze[0]))]
-    for name, param in model.named_parameters():
-        param.requires_grad = not any(name.startswith(prefix) for prefix in prefixes)
-    if not any(param.requires_grad for param in model.parameters()):
-        raise UserError(f"--freeze {' '.join(map(str, freeze))}: freezes every layer of this {len(model.model)}-layer "
-                        "model, so nothing would train; freeze fewer layers")
-    if prefixes:
-        LOGGER.info(f"Freezing {len(prefixes)} layers: {', '.join(p.rstrip('.') for p in prefixes)}")
-    return prefixes
 
 
 def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:

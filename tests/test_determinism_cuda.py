@@ -17,7 +17,8 @@ import torch.nn as nn
 from tests.support.nondeterministic_module import MaxPoolAttention
 from utils.errors import UserError
 from utils.determinism.op_audit import audit_model
-from utils.torch_utils import configure_determinism, get_rng_state, set_rng_state
+from utils.rng_state import get_rng_state, set_rng_state
+from utils.torch_utils import configure_determinism
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = torch.device("cuda", 0)

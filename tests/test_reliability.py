@@ -28,6 +28,7 @@ import val
 from models.yolo import Model
 from utils.training.checkpoints import save_checkpoint
 from utils.errors import UserError
+from utils.torch_utils import freeze_layers
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +155,8 @@ def test_resume_on_a_checkpoint_whose_yaml_does_not_fit_its_weights(damage, tiny
 def test_freezing_every_layer_is_a_user_error(tiny_cfg):
     model = Model(str(tiny_cfg), nc=4)
     with pytest.raises(UserError, match=rf"--freeze 100: freezes every layer of this {len(model.model)}-layer model"):
-        train.freeze_layers(model, [100])
-    assert train.freeze_layers(model, [1]) == ["model.0."]
+        freeze_layers(model, [100])
+    assert freeze_layers(model, [1]) == ["model.0."]
     assert any(p.requires_grad for p in model.parameters())
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from utils import torch_utils
+from utils import rng_state, torch_utils
 from utils.autobatch import profile_memory
 from utils.ddp import DistInfo
 from utils.torch_utils import prepare_cuda_environment
@@ -48,7 +48,7 @@ def test_autobatch_trial_steps_leave_the_random_streams_as_they_were():
 def test_checkpoint_cuda_generator_is_the_training_devices_not_the_current_one(monkeypatch):
     import train
 
-    monkeypatch.setattr(torch_utils, "_cuda_ready", lambda: True)
+    monkeypatch.setattr(rng_state, "_cuda_ready", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda index: torch.tensor([index], dtype=torch.uint8))
     loop = SimpleNamespace(device=torch.device("cuda", 1), dist=DistInfo())  # one process, training on cuda:1
@@ -57,8 +57,8 @@ def test_checkpoint_cuda_generator_is_the_training_devices_not_the_current_one(m
 
 
 def test_cpu_training_saves_no_cuda_generator_even_when_cuda_is_initialised(monkeypatch):
-    monkeypatch.setattr(torch_utils, "_cuda_ready", lambda: True)
-    assert torch_utils.cuda_rng_state(torch.device("cpu")) is None
+    monkeypatch.setattr(rng_state, "_cuda_ready", lambda: True)
+    assert rng_state.cuda_rng_state(torch.device("cpu")) is None
 
 
 def test_resume_keeps_the_checkpoints_amp_decision(monkeypatch):

@@ -15,8 +15,9 @@ import torch.nn as nn
 from utils import torch_utils
 from utils.errors import UserError
 from utils.logging import LOGGER
-from utils.torch_utils import (EarlyStopping, ModelEMA, cuda_rng_state, de_parallel, get_rng_state, intersect_dicts,
-                               is_parallel, model_info, select_device, set_rng_state, smart_optimizer, time_sync)
+from utils.rng_state import cuda_rng_state, get_rng_state, set_rng_state
+from utils.torch_utils import (EarlyStopping, ModelEMA, de_parallel, intersect_dicts, is_parallel, model_info,
+                               select_device, smart_optimizer, time_sync)
 
 
 def small_net() -> nn.Sequential:

@@ -16,7 +16,7 @@ import torch
 
 from utils.logging import LOGGER, colorstr
 from utils.out_of_memory import out_of_memory_hint
-from utils.torch_utils import preserved_rng_state
+from utils.rng_state import preserved_rng_state
 
 PREFIX = colorstr("AutoBatch: ")
 PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16)

@@ -1,4 +1,4 @@
-"""PyTorch helpers: device selection, EMA, optimizer groups, model info, RNG state, and the determinism policy.
+"""PyTorch helpers: device selection, EMA, optimizer groups, model info, and the determinism policy.
 
 The policy's public face lives here: four modes (``off``, ``warn``, ``scoped``, ``strict``; see
 :func:`configure_determinism`), :func:`temporary_determinism`, and :class:`DeterminismPolicy`,
@@ -10,7 +10,6 @@ and which adopts the op audit's report. The audit itself (op table, tracer, repo
 import contextlib
 import math
 import os
-import random
 import sys
 import time
 from copy import deepcopy
@@ -26,6 +25,7 @@ from utils.env_vars import recorded
 from utils.determinism.messages import adoption_summary, scoped_failure_message, strict_failure_message
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
+from utils.rng_state import seed_everything
 
 
 # ----------------------------------------------------------------------------- devices
@@ -154,6 +154,19 @@ def intersect_dicts(da: dict, db: dict, exclude=()) -> dict:
     """Entries of ``da`` whose key is in ``db`` with the same shape and contains no ``exclude`` substring."""
     return {k: v for k, v in da.items()
             if k in db and not any(x in k for x in exclude) and v.shape == db[k].shape}
+
+
+def freeze_layers(model, freeze: list) -> list:
+    """Freeze ``--freeze N`` (first N layers) or ``--freeze i j k`` (those layers). Returns frozen prefixes."""
+    prefixes = [f"model.{i}." for i in (freeze if len(freeze) > 1 else range(freeze[0]))]
+    for name, param in model.named_parameters():
+        param.requires_grad = not any(name.startswith(prefix) for prefix in prefixes)
+    if not any(param.requires_grad for param in model.parameters()):
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: freezes every layer of this {len(model.model)}-layer "
+                        "model, so nothing would train; freeze fewer layers")
+    if prefixes:
+        LOGGER.info(f"Freezing {len(prefixes)} layers: {', '.join(p.rstrip('.') for p in prefixes)}")
+    return prefixes
 
 
 def input_channels(model: nn.Module) -> int:
@@ -335,100 +348,6 @@ class EarlyStopping:
         self.best_fitness = float(state["best_fitness"])
         self.best_epoch = int(state["best_epoch"])
         self.possible_stop = bool(state["possible_stop"])
-
-
-# ----------------------------------------------------------------------------- RNG state and seeding
-
-
-def _cuda_ready() -> bool:
-    """True once this process has initialised CUDA (before that no CUDA stream has been drawn from)."""
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
-def _cuda_index(device) -> int:
-    """The CUDA device index of ``device`` (None or ``'cuda'``: the current device)."""
-    index = None if device is None else torch.device(device).index
-    return torch.cuda.current_device() if index is None else index
-
-
-def cuda_rng_state(device=None) -> torch.Tensor | None:
-    """This process's CUDA generator state on ``device`` (default: the current device) as a uint8 CPU
-    tensor; None for a non-CUDA ``device`` or when CUDA is not initialised (querying would allocate
-    a context on the GPU)."""
-    if not _cuda_ready() or (device is not None and torch.device(device).type != "cuda"):
-        return None
-    return torch.cuda.get_rng_state(_cuda_index(device)).clone()
-
-
-def get_rng_state(cuda_by_rank: list | None = None) -> dict:
-    """Every RNG stream as plain data that survives ``torch.save`` + ``torch.load(weights_only=True)``.
-
-    Keys: ``python`` ([version, 625 ints, gauss_next]), ``numpy`` ([name, 624 ints, pos,
-    has_gauss, cached_gaussian]), ``torch`` (uint8 CPU tensor) and ``cuda``: a list indexed by
-    DDP rank, ``cuda[k]`` being rank k's own device generator (uint8 tensor, or None where that
-    rank had not initialised CUDA). Under DDP every rank calls :func:`cuda_rng_state` on its
-    device and the saving rank passes the gathered list as ``cuda_by_rank``; outside DDP the list
-    holds this process's current device (empty before CUDA is initialised).
-    """
-    py_version, py_internal, py_gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
-    if cuda_by_rank is None:
-        own = cuda_rng_state()
-        cuda_by_rank = [] if own is None else [own]
-    return {
-        "python": [py_version, list(py_internal), py_gauss],
-        "numpy": [np_name, [int(k) for k in np_keys], int(np_pos), int(np_has_gauss), float(np_cached)],
-        "torch": torch.get_rng_state().clone(),
-        "cuda": [None if s is None else s.clone() for s in cuda_by_rank],
-    }
-
-
-@contextlib.contextmanager
-def preserved_rng_state(device=None):
-    """Every RNG stream as it was before the block, ``device``'s CUDA generator included: trial work
-    (AutoBatch, the audit) may run DropPath in training mode without moving the run's streams."""
-    own = cuda_rng_state(device)
-    saved = get_rng_state(cuda_by_rank=[] if own is None else [own])
-    try:
-        yield
-    finally:
-        set_rng_state(saved, device=device)
-
-
-def set_rng_state(state: dict, rank: int = -1, device=None) -> None:
-    """Restore streams saved by :func:`get_rng_state`; a malformed state is a UserError.
-
-    ``rank`` (-1 outside DDP, read as 0) picks this process's entry of ``state["cuda"]``, which is
-    restored into ``device``'s generator (default: the current CUDA device).
-    """
-    try:
-        py_version, py_internal, py_gauss = state["python"]
-        random.setstate((int(py_version), tuple(int(v) for v in py_internal), py_gauss))
-        np_name, np_keys, np_pos, np_has_gauss, np_cached = state["numpy"]
-        np.random.set_state((np_name, np.asarray(np_keys, dtype=np.uint32), int(np_pos),
-                             int(np_has_gauss), float(np_cached)))
-        torch.set_rng_state(state["torch"].cpu().to(torch.uint8))
-        cuda_states = list(state.get("cuda") or [])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"RNG state in the checkpoint is malformed ({type(e).__name__}: {e}); "
-                        "the checkpoint was not written by this project's train.py") from None
-    slot = max(rank, 0)
-    on_cpu = device is not None and torch.device(device).type != "cuda"
-    if not cuda_states or on_cpu or not torch.cuda.is_available():
-        return
-    if slot >= len(cuda_states) or cuda_states[slot] is None:
-        LOGGER.warning(f"checkpoint holds no CUDA RNG state for rank {slot} ({len(cuda_states)} saved); "
-                       "this rank's CUDA random stream restarts from the seed")
-        return
-    torch.cuda.set_rng_state(cuda_states[slot].cpu().to(torch.uint8), _cuda_index(device))
-
-
-def _seed_everything(seed: int) -> None:
-    """Seed Python ``random``, NumPy, torch CPU and every CUDA device (lazily, if CUDA is not up yet)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also queues the seed for every CUDA device
-    torch.cuda.manual_seed_all(seed)
 
 
 # ----------------------------------------------------------------------------- determinism policy
@@ -622,7 +541,7 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     deterministic = mode != "off"
     if deterministic:
         _ensure_cublas_workspace()
-    _seed_everything(seed)
+    seed_everything(seed)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic
     torch.use_deterministic_algorithms(deterministic, warn_only=mode == "warn")

@@ -25,7 +25,8 @@ from utils.errors import UserError
 from utils.files import remove_orphaned_temp_files
 from utils.logging import LOGGER
 from utils.determinism.reproducibility import record_checksum
-from utils.torch_utils import de_parallel, get_rng_state
+from utils.rng_state import get_rng_state
+from utils.torch_utils import de_parallel
 
 
 # Test-only: the GPU proof's kill-and-resume row sets this so a run SIGKILLs itself right after saving
@@ -53,7 +54,7 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
     """Capture the full training state; ``position = (epoch, next_batch)`` is where to continue.
 
     ``cuda_rng_by_rank``: every rank's CUDA generator state on its training device, gathered by the
-    caller (one entry outside DDP; see :func:`utils.torch_utils.get_rng_state`).
+    caller (one entry outside DDP; see :func:`utils.rng_state.get_rng_state`).
     """
     m = de_parallel(model)
     return {
