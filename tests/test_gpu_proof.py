@@ -253,7 +253,7 @@ def test_no_quiet_fall_back_to_the_cpu(tmp_path, monkeypatch, capsys, args, mess
 
 class FakeRun:
     def __init__(self, name, log):
-        self.name, self.log = name, log
+        self.name, self.log, self.timed_out = name, log, False
 
 
 class Done:
@@ -373,3 +373,17 @@ def test_help_names_the_cpu_check(capsys):
         gpu_proof.parse_args(["--help"])
     text = capsys.readouterr().out
     assert "The quick plan is the CPU check" in text and "--device cpu --quick" in text
+
+
+def test_a_run_cut_at_the_deadline_leaves_the_scam_and_log_rows_undecided(tmp_path):
+    """Issue 37 finding 3, as the replay with a 45-s budget showed: the strict SCAM run killed at the deadline was a FAIL."""
+    from benchmarks.gpu_proof import proof as gpu_proof
+    from benchmarks.gpu_proof.runs import RunResult
+
+    run = RunResult("scam-strict", -9, "AMP: checks passed", tmp_path, 45.0, timed_out=True)
+    proof = Proof(tmp_path / "p.json", budget_s=60, meta={})
+    row = proof.check("scam", "strict stops", lambda: gpu_proof.strict_stop_row(Done(run), "PutGradientSCAM"))
+    assert row.status == "INCOMPLETE" and "deadline" in row.detail
+    futures = {key: Done(run) for key in ("first", "again", "workers0")}
+    row = proof.check("reruns", "AMP on", lambda: gpu_proof.log_row(futures, True, "AMP: checks passed", True, "AMP"))
+    assert row.status == "INCOMPLETE" and proof.exit_code() == 3

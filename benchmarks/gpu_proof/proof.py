@@ -181,6 +181,9 @@ def log_row(futures: dict, cuda: bool, needle: str, wanted: bool, what: str):
     if not cuda:
         return skip(f"CUDA only: {what}")
     runs = [futures[k].result() for k in ("first", "again", "workers0")]
+    for run in runs:
+        if run.timed_out:
+            finished(run)  # undecided: a run cut at the deadline may not have logged the line yet
     found = [run.name for run in runs if (needle in run.log) != wanted]
     return verdict(not found, f"{what}: {'all runs' if not found else 'not in ' + ', '.join(found)}")
 
@@ -255,6 +258,8 @@ def raw_strict_row(cfg: Path, block: str, device: torch.device, imgsz: int):
 def strict_stop_row(future, block: str):
     """train.py strict exits 2 with the project's one-line message before any batch ran."""
     run = future.result()
+    if run.timed_out:
+        finished(run)  # undecided, not a FAIL: it was still starting at the deadline
     audit_op = proof_modules.FLAGGED_OPS[block][0]
     errors = [line for line in run.log.splitlines() if line.startswith("ERROR: ")]
     started = "Starting training" in run.log or (run.run_dir / "weights" / "last.pt").exists()
