@@ -8,6 +8,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from benchmarks.figures import draw, runs
 
@@ -62,6 +63,7 @@ def learning_curves(rows: list[dict], out: Path) -> int:
                     label=f"{model} (median of {len(curves)})")
             ax.fill_between(epochs, curves.min(0), curves.max(0), color=MODEL_COLOURS[model], alpha=0.2)
         ax.set(xlabel="epoch", ylabel=f"validation {label}", title=f"{label}: median line, range shaded")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -79,7 +81,8 @@ def size_bands(rows: list[dict], out: Path) -> int:
         median = np.array([statistics.median(v) for v in per_band])
         low, high = median - [min(v) for v in per_band], [max(v) for v in per_band] - median
         x = np.arange(len(BAND_NAMES)) + (k - (len(MODELS) - 1) / 2) * width
-        ax.bar(x, median, width, yerr=[low, high], capsize=3, color=MODEL_COLOURS[model], label=model)
+        bars = ax.bar(x, median, width, yerr=[low, high], capsize=3, color=MODEL_COLOURS[model], label=model)
+        ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)  # a zero bar is otherwise invisible
     counts = rows[0]["bands"]
     ax.set_xticks(range(len(BAND_NAMES)), [f"{n}\n({counts[b]['instances']} objects)" for b, n in BAND_NAMES.items()])
     ax.set(ylabel="AP50-95 of last.pt", title="AP per object-size band (AI-TOD bands), median and range over seeds")
