@@ -33,8 +33,8 @@ import torch.nn as nn
 from utils.determinism.op_table import match_nondeterministic
 from utils.logging import LOGGER
 from utils.loss import ComputeLoss
-from utils.torch_utils import (ModelEMA, de_parallel, get_rng_state, input_channels, set_rng_state,
-                               smart_optimizer, temporary_determinism)
+from utils.rng_state import preserved_rng_state
+from utils.torch_utils import ModelEMA, de_parallel, input_channels, smart_optimizer, temporary_determinism
 
 # ----------------------------------------------------------------------------- the report
 
@@ -494,15 +494,12 @@ def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int
     generator = torch.Generator().manual_seed(0)  # the input must not draw from the global stream
     images = torch.rand((batch_size, ch or input_channels(student), imgsz, imgsz), generator=generator)
     images = images.to(device).contiguous(memory_format=torch.channels_last)
-    saved_rng = get_rng_state()  # training-mode forwards (DropPath) draw from the global streams
-    try:
+    with preserved_rng_state(device):  # training-mode forwards (DropPath) draw from the global streams
         found, flags, counts = _run_step(student, images, loss_factory or sum_of_outputs, amp, torch_version)
         findings, cuda_trace = list(found.values()), str(device)
         if device.type == "cpu":
             meta, failure = _meta_findings(model, images, torch_version)
             findings = predict_cuda(found, meta, failure)
             cuda_trace = META_TRACE if meta is not None else f"cpu (meta has no kernel: {failure})"
-    finally:
-        set_rng_state(saved_rng)
     return AuditReport(device=str(device), imgsz=imgsz, findings=findings, torch_flagged=flags, op_counts=counts,
                        batch_size=batch_size, cuda_trace=cuda_trace)
