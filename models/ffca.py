@@ -33,6 +33,15 @@ from torch.nn import functional as F
 from models.common import C3, Conv
 
 FFM_ARITHMETICS = ("fixed", "authors")  # FFM_Concat2/3 weighting; see _WeightedConcat
+# How FEM and SCAM initialise their residual branch (a YAML row argument, default as published):
+# 'zero_last' zeroes the branch's last scale so the module starts as its shortcut (Goyal et al. 2017;
+# timm's zero_init_last). An option for measurement (docs/accuracy.md), not the default.
+BRANCH_INITS = ("default", "zero_last")
+
+
+def _check_branch_init(module: str, init: str) -> None:
+    if init not in BRANCH_INITS:
+        raise ValueError(f"{module} init must be one of {BRANCH_INITS}, got {init!r}")
 
 
 def global_avg_pool(x: torch.Tensor) -> torch.Tensor:
@@ -104,11 +113,14 @@ class FEM(nn.Module):
     Three branches on ``i = c1 // map_reduce`` channels (plain 3x3; 1x3/3x1 then dilated 3x3;
     3x1/1x3 then dilated 3x3), each ``2i`` wide, concatenated (``6i``) and projected to ``c2``;
     output ``ReLU(scale * projection + shortcut(x))``. Every conv is bias-free with BatchNorm,
-    ReLU after all but the last conv of each branch.
+    ReLU after all but the last conv of each branch. ``init='zero_last'`` starts the projection's
+    BatchNorm scale at 0, so FEM starts as ``ReLU(shortcut(x))``.
     """
 
-    def __init__(self, c1: int, c2: int, scale: float = 0.1, map_reduce: int = 8, dilation: int = 5):
+    def __init__(self, c1: int, c2: int, scale: float = 0.1, map_reduce: int = 8, dilation: int = 5,
+                 init: str = "default"):
         super().__init__()
+        _check_branch_init("FEM", init)
         i = c1 // map_reduce
         if i < 2:
             raise ValueError(f"FEM needs at least {2 * map_reduce} input channels, got {c1}")
@@ -133,6 +145,8 @@ class FEM(nn.Module):
         self.project = Conv(6 * i, c2, 1, act=False)
         self.shortcut = Conv(c1, c2, 1, act=False)
         self.act = nn.ReLU(inplace=True)  # on the sum FEM itself made
+        if init == "zero_last":
+            nn.init.zeros_(self.project.bn.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads = (self.branch_a[0], self.branch_b[0], self.branch_c[0], self.shortcut)
@@ -208,15 +222,19 @@ class SCAM(nn.Module):
     key = softmax over H*W of Conv(C->1); value = Conv(C->C); channel context = value @ key
     (a C-vector). Softmaxed global-average and global-max descriptors of the input, each applied
     to the value map, give two ``1 x H x W`` maps; gate = sigmoid(Conv(2->1)). Output
-    ``x + SiLU(conv1x1(context)) * gate``.
+    ``x + SiLU(conv1x1(context)) * gate``. ``init='zero_last'`` starts that 1x1 conv at 0 (the
+    branch has no BatchNorm to zero), so SCAM starts as the identity.
     """
 
-    def __init__(self, c1: int):
+    def __init__(self, c1: int, init: str = "default"):
         super().__init__()
+        _check_branch_init("SCAM", init)
         self.key = Conv(c1, 1, 1)
         self.value = Conv(c1, c1, 1)
         self.context_proj = nn.Sequential(nn.Conv2d(c1, c1, 1, bias=False), nn.SiLU())
         self.gate = Conv(2, 1, 1)
+        if init == "zero_last":
+            nn.init.zeros_(self.context_proj[0].weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape

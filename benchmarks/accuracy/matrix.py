@@ -2,9 +2,10 @@
 
 A cell is one generated data set: an object kind (``shapes``: drawn geometry from
 make_tiny_shapes.py, 6-24 px; ``glyphs``: textured stroke characters among distractors from
-make_glyphs.py, 8-20 px), an image size and a seed (the seed makes both the data and the run;
-``--train-seeds`` trains each model once per listed seed on the cell's data instead, which measures
-how far a rerun moves the figures).
+make_glyphs.py, 8-20 px; ``photos``, only when asked for: objects cut from scikit-image's bundled
+photographs, pasted onto other photographs, 8-24 px), an image size and a seed (the seed makes both
+the data and the run; ``--train-seeds`` trains each model once per listed seed on the cell's data
+instead, which measures how far a rerun moves the figures).
 Each model trains from scratch with ``train.run`` and its ``last.pt`` is validated with val.py's
 size bands (AI-TOD bands by sqrt(area)). Per run it prints mAP50, mAP50-95, AP50-95 per band,
 the first epoch with mAP50 > 0.001, the train box loss at the first and the last epoch and the
@@ -35,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.accuracy.variants import ABLATIONS, MODELS, variant_yaml
+from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
 from utils.options import OptionRules
@@ -43,7 +44,8 @@ from utils.options import OptionRules
 ROOT = Path(__file__).resolve().parents[2]
 BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
-KINDS = ("shapes", "glyphs")
+KINDS = ("shapes", "glyphs", "photos")
+DEFAULT_KINDS = ("shapes", "glyphs")  # the matrix of docs/accuracy.md; photos came later
 START_MAP50 = 0.001  # "has started to detect": mAP50 above this
 NEVER = 10 ** 6  # first epoch of a run that never started: later than any real one
 
@@ -51,14 +53,14 @@ NEVER = 10 ** 6  # first epoch of a run that never started: later than any real 
 def make_data(kind: str, size: int, seed: int, n_train: int, n_val: int, out: Path) -> Path:
     """Generate (or reuse) the data set of one cell; returns its data YAML."""
     from utils.dataset.synthetic.glyphs import make_glyphs
+    from utils.dataset.synthetic.photos import make_photos
     from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
 
     root = out / "data" / f"{kind}-{size}-s{seed}"
     if root.with_suffix(".yaml").exists():
         return root.with_suffix(".yaml")
-    if kind == "shapes":
-        return make_tiny_shapes(root, n_train, n_val, seed, size=size)
-    return make_glyphs(root, n_train, n_val, seed, size=size)
+    make = {"shapes": make_tiny_shapes, "glyphs": make_glyphs, "photos": make_photos}[kind]
+    return make(root, n_train, n_val, seed, size=size)
 
 
 def read_curve(results_csv: Path) -> dict:
@@ -242,8 +244,8 @@ RULES = OptionRules(positive=("sizes", "epochs", "batch_size", "n_train", "n_val
 def parse_opt(argv=None) -> argparse.Namespace:
     p = parser_for("benchmarks.accuracy.matrix", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
-                   choices=sorted(MODELS) + sorted(ABLATIONS), help="models to train in every cell")
-    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="object kinds")
+                   choices=VARIANTS, help="models to train in every cell")
+    p.add_argument("--kinds", nargs="+", default=list(DEFAULT_KINDS), choices=KINDS, help="object kinds")
     p.add_argument("--sizes", nargs="+", type=int, default=[160, 256, 320], help="image sizes (data and training)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data, and training unless --train-seeds)")
     p.add_argument("--train-seeds", nargs="+", type=int, default=None,

@@ -2,13 +2,17 @@
 
 Each ablation replaces rows of ``models/ffca-yolo-n.yaml`` in place (so layer indices and every
 other row stay the same): FEM -> ``nn.Identity``, SCAM -> ``nn.Identity``, FFM_Concat -> Concat.
+``ffca-yolo-n-zeroinit`` keeps every row and only adds the ``init`` argument ``zero_last`` to FEM and
+SCAM rows (same layers and parameters; models/ffca.py).
 """
 
 from __future__ import annotations
 
+import inspect
 from copy import deepcopy
 from pathlib import Path
 
+from models.ffca import FEM
 from utils.files import yaml_load, yaml_save
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +27,21 @@ ABLATIONS = {
     "ffca-yolo-n-noFEM": {"FEM": "nn.Identity"},
     "ffca-yolo-n-concat": {"FFM_Concat2": "Concat", "FFM_Concat3": "Concat"},
 }
+BRANCH_INIT_VARIANTS = {"ffca-yolo-n-zeroinit": "zero_last"}
+VARIANTS = sorted(MODELS) + sorted(ABLATIONS) + sorted(BRANCH_INIT_VARIANTS)  # every name variant_yaml builds
+
+
+def with_branch_init(cfg: dict, init: str) -> dict:
+    """Copy of a model YAML dict whose FEM and SCAM rows pass ``init`` (FEM's other arguments at their defaults)."""
+    fem_defaults = [p.default for p in inspect.signature(FEM).parameters.values()][2:-1]  # scale, map_reduce, dilation
+    out = deepcopy(cfg)
+    for section in ("backbone", "head"):
+        for row in out[section]:
+            if row[2] == "FEM":
+                row[3] = [*row[3][:1], *fem_defaults, init]
+            elif row[2] == "SCAM":
+                row[3] = [init]
+    return out
 
 
 def swap_modules(cfg: dict, swaps: dict[str, str]) -> dict:
@@ -47,12 +66,14 @@ def variant_yaml(name: str, out_dir: Path, lffca_scale: tuple[float, float] = (0
     """Write the model YAML for variant ``name`` into ``out_dir`` (or return the repository file)."""
     if name in ABLATIONS:
         cfg = swap_modules(yaml_load(MODELS["ffca-yolo-n"]), ABLATIONS[name])
+    elif name in BRANCH_INIT_VARIANTS:
+        cfg = with_branch_init(yaml_load(MODELS["ffca-yolo-n"]), BRANCH_INIT_VARIANTS[name])
     elif name == "l-ffca-yolo" and lffca_scale:
         cfg = scaled(yaml_load(MODELS[name]), *lffca_scale)
     elif name in MODELS:
         return MODELS[name]
     else:
-        raise KeyError(f"unknown variant {name!r}; choose from {sorted(MODELS) + sorted(ABLATIONS)}")
+        raise KeyError(f"unknown variant {name!r}; choose from {VARIANTS}")
     path = Path(out_dir) / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     yaml_save(path, cfg)

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.accuracy.matrix import BANDS, START_MAP50, train_one
-from benchmarks.accuracy.variants import ABLATIONS, MODELS, variant_yaml
+from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import UserError, exit_on_user_error
 from utils.files import yaml_load, yaml_save
@@ -189,7 +189,7 @@ RULES = OptionRules(positive=("epochs", "batch_size", "img_size", "n_train", "n_
 def parse_opt(argv=None) -> tuple[argparse.Namespace, list[dict]]:
     """The suite's flags and the settings to run (``--compare``'s, or the one of ``--set``); a bad flag is a UserError."""
     p = parser_for("benchmarks.accuracy.very_tiny", __doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=sorted(MODELS) + sorted(ABLATIONS),
+    p.add_argument("--models", nargs="+", default=["ffca-yolo-n"], choices=VARIANTS,
                    help="models to train")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
