@@ -131,10 +131,10 @@ def layer_stats(model: Model, imgs: torch.Tensor, targets: torch.Tensor, hyp: di
     stats = {}
     for i, layer in enumerate(model.model):
         params = [p for p in layer.parameters() if p.grad is not None]
-        out = outputs.get(i)
+        out, grad = outputs.get(i), norm([p.grad for p in params])
         stats[i] = {"module": type(layer).__name__, "out": rms(out) if out is not None else float("nan"),
                     "grad_out": rms(out.grad) if out is not None and out.grad is not None else float("nan"),
-                    "grad": norm([p.grad for p in params]), "step": norm([p.grad for p in params]) / max(norm(params), 1e-12)}
+                    "grad": grad, "step": grad / max(norm(params), 1e-12)}
     return stats
 
 
@@ -243,7 +243,8 @@ def bn_mismatch(model: Model, imgs: torch.Tensor, rows: list[int]) -> list[str]:
             shift.append(((x.mean(1) - bn.running_mean) / std).pow(2))
             ratio.append((x.var(1) + bn.eps).log() - (bn.running_var + bn.eps).log())
             gamma.append(bn.weight.detach().abs())
-        lines.append(f"  {i:>2} {type(model.model[i]).__name__:<12} {len(mine):>2} BN: |gamma| {float(torch.cat(gamma).mean()):.3f}"
+        lines.append(f"  {i:>2} {type(model.model[i]).__name__:<12} {len(mine):>2} BN:"
+                     f" |gamma| {float(torch.cat(gamma).mean()):.3f}"
                      f"  mean shift {float(torch.cat(shift).mean().sqrt()):.2f} sd"
                      f"  var ratio {float(torch.cat(ratio).mean().exp()):.2f}")
     return lines
@@ -309,7 +310,8 @@ def main(argv=None) -> None:
     stats = {}
     for name in MODELS:
         weights = train_until(name, data, opt, out)
-        models = {"init": model_at(weights, None, opt.seed), **{f"e{e}": model_at(weights, e, opt.seed) for e in opt.epochs_at}}
+        models = {"init": model_at(weights, None, opt.seed),
+                  **{f"e{e}": model_at(weights, e, opt.seed) for e in opt.epochs_at}}
         stats[name] = {label: layer_stats(m, imgs, targets, hyp) for label, m in models.items()}
         print(f"\n## {name}: per layer (one batch of {opt.batch} training images, training mode)\n")
         print(layer_table(stats[name]))
