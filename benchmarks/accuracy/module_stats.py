@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from benchmarks.accuracy.matrix import KINDS, make_data
-from benchmarks.accuracy.variants import variant_yaml
+from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import parse_checked, parser_for
 from models.ffca import FEM, SCAM, _WeightedConcat
 from models.yolo import Model
@@ -101,6 +101,15 @@ def model_at(weights: Path, epoch: int | None, seed: int) -> Model:
         return model
     model = Model(ckpt["model_cfg"], nc=ckpt.get("nc"))
     model.load_state_dict(state)
+    return model
+
+
+def fresh_variant(name: str, out: Path, seed: int, anchors_from: Path) -> Model:
+    """Variant ``name`` freshly initialised (seeded) with the anchors AutoAnchor gave the yolov5n-p2 run."""
+    reference = model_at(anchors_from, None, seed)
+    torch.manual_seed(seed)
+    model = Model(variant_yaml(name, out / "models"), nc=reference.model[-1].nc)
+    model.model[-1].anchors.copy_(reference.model[-1].anchors)
     return model
 
 
@@ -292,6 +301,8 @@ def parse_opt(argv=None):
     p.add_argument("--batch", type=int, default=16, help="images in the measured batch")
     p.add_argument("--hyp", type=Path, default=HYP)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "module-stats", help="runs and data are kept here")
+    p.add_argument("--also-init", nargs="+", default=[], choices=VARIANTS,
+                   help="also compare these variants, freshly initialised (not trained), with yolov5n-p2 at init")
     opt = parse_checked(p, RULES, argv)
     off = [e for e in opt.epochs_at if e % opt.save_period]
     if off:
@@ -322,6 +333,11 @@ def main(argv=None) -> None:
             print(f"{name} {label}: BatchNorms (eval mode)\n" + "\n".join(bn_mismatch(m, imgs, rows)))
     print("\n## ffca-yolo-n / yolov5n-p2 on the layers both have\n")
     print(shared_table(stats["yolov5n-p2"], stats["ffca-yolo-n"]))
+    for name in opt.also_init:
+        model = fresh_variant(name, out, opt.seed, anchors_from=out / "runs" / MODELS[0] / "weights")
+        print(f"\n## {name} at init / yolov5n-p2 at init\n")
+        print(shared_table({"init": stats["yolov5n-p2"]["init"]}, {"init": layer_stats(model, imgs, targets, hyp)}))
+        print(f"{name} init: FFCA modules\n" + "\n".join(module_identity(model, imgs)))
 
 
 if __name__ == "__main__":
