@@ -45,8 +45,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.env_vars import recorded  # noqa: E402  (imports no torch, so CUDA cannot start before the line below)
+
 DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
-CUBLAS_FOUND = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+CUBLAS_FOUND = recorded("CUBLAS_WORKSPACE_CONFIG")
 if CUBLAS_FOUND not in DETERMINISTIC_CUBLAS:  # another value makes cuBLAS non-deterministic: every CUDA claim void
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = DETERMINISTIC_CUBLAS[0]  # before anything in this process starts CUDA
 
