@@ -38,7 +38,7 @@ def test_quick_cpu_proof_passes_and_records_every_section(tmp_path):
     record = json.loads(out.read_text())
     rows = record["rows"]
     assert record["complete"] is True and record["quick"] is True and record["device"] == "cpu"
-    assert all(set(row) == {"section", "name", "status", "detail", "seconds", "data"} for row in rows)
+    assert all(set(row) == {"section", "name", "status", "detail", "seconds", "data", "claim"} for row in rows)
     assert {row["section"] for row in rows} == SECTIONS
     assert [row for row in rows if row["status"] == "FAIL"] == []
     assert record["counts"] == {s: sum(row["status"] == s for row in rows) for s in STATUSES}

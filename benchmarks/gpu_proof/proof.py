@@ -179,15 +179,21 @@ def reference_row(futures: dict):
 
 
 def log_row(futures: dict, cuda: bool, needle: str, wanted: bool, what: str):
-    """CUDA only: every finished run's log does (``wanted``) or does not contain ``needle``."""
+    """CUDA only: every finished run's log does (``wanted``) or does not contain ``needle``.
+
+    A run cut at the deadline may not have logged the line yet, so only finished runs decide; the row
+    is undecided only when no run finished.
+    """
     if not cuda:
         return skip(f"CUDA only: {what}")
-    runs = [futures[k].result() for k in ("first", "again", "workers0")]
-    for run in runs:
-        if run.timed_out:
-            finished(run)  # undecided: a run cut at the deadline may not have logged the line yet
+    everyone = [futures[k].result() for k in ("first", "again", "workers0")]
+    runs = [run for run in everyone if not run.timed_out]
+    if not runs:
+        finished(everyone[0])  # raises: undecided
     found = [run.name for run in runs if (needle in run.log) != wanted]
-    return verdict(not found, f"{what}: {'all runs' if not found else 'not in ' + ', '.join(found)}")
+    cut = [run.name for run in everyone if run.timed_out]
+    scope = "all runs" if not cut else f"every finished run ({', '.join(cut)} cut at the deadline)"
+    return verdict(not found, f"{what}: {scope if not found else 'not in ' + ', '.join(found)}")
 
 
 def rerun_rows(proof: Proof, cfg: Path, futures: dict, cuda: bool) -> None:
