@@ -5,13 +5,15 @@
 
 Modes are measured round-robin (off, warn, scoped, strict, off, ...) so that drift in machine load
 spreads over all of them; each figure is the median over rounds of per-round medians.
+``--fixed-batch`` times the training step alone on one batch, without loading or augmenting data,
+which removes the loader's variance from a comparison of step costs.
 """
 
 import argparse
 import statistics
 from pathlib import Path
 
-from benchmarks.speed.harness import time_batches
+from benchmarks.speed.harness import time_batches, time_fixed_batch
 from benchmarks.cli import parse_checked, parser_for
 from utils.errors import exit_on_user_error
 from utils.options import OptionRules
@@ -27,6 +29,15 @@ ROWS = [(mode, mode, None) for mode in MODES] + [("scoped+nanfill", "scoped", Tr
 RULES = OptionRules(positive=("imgsz", "batch_size", "batches", "rounds"), non_negative=("workers",))
 
 
+def time_mode(args, cfg: Path, mode: str, device: str, nan_fill) -> float:
+    """One round's median seconds per step for ``mode``."""
+    if args.fixed_batch:
+        return time_fixed_batch(cfg, args.imgsz, args.batch_size, mode, device, warmup=2, batches=args.batches,
+                                nan_fill=nan_fill)
+    return time_batches(cfg, args.imgsz, args.batch_size, args.workers, mode, warmup=1, batches=args.batches,
+                        device=device, nan_fill=nan_fill)
+
+
 @exit_on_user_error
 def main(argv=None):
     p = parser_for("benchmarks.speed.bench_determinism",
@@ -38,6 +49,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--fixed-batch", action="store_true", help="time the step on one batch, without the loader")
     args = parse_checked(p, RULES, argv)
     device = "cpu" if args.device == "cpu" else f"cuda:{args.device}"
     print(f"imgsz {args.imgsz}, batch {args.batch_size}, workers {args.workers}, device {device}, "
@@ -47,8 +59,7 @@ def main(argv=None):
         samples = {label: [] for label, _, _ in ROWS}
         for _ in range(args.rounds):
             for label, mode, nan_fill in ROWS:
-                samples[label].append(time_batches(ROOT / model, args.imgsz, args.batch_size, args.workers, mode,
-                                                   warmup=1, batches=args.batches, device=device, nan_fill=nan_fill))
+                samples[label].append(time_mode(args, ROOT / model, mode, device, nan_fill))
         base = statistics.median(samples["off"])
         for label, _, _ in ROWS:
             median = statistics.median(samples[label])

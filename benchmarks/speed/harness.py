@@ -80,12 +80,15 @@ def time_batches(cfg, imgsz=256, batch_size=16, workers=2, mode="off", warmup=2,
 
 
 def time_fixed_batch(cfg, imgsz: int, batch_size: int, mode: str, device, data_yaml=DATA, warmup: int = 3,
-                     batches: int = 10) -> float:
+                     batches: int = 10, nan_fill=None) -> float:
     """Median seconds of ``train_step`` on one fixed batch (no data loading), after ``warmup`` steps.
 
     Timing one batch over and over isolates what a determinism mode costs in the step itself.
+    ``nan_fill`` as in :func:`time_batches`.
     """
     loop, loader = build_loop(cfg, imgsz, batch_size, 0, mode, device, data_yaml)
+    if nan_fill is not None:
+        torch.utils.deterministic.fill_uninitialized_memory = nan_fill
     loop.model.train()
     loader.set_epoch(0)
     imgs, targets, _, _ = next(iter(loader))
