@@ -453,6 +453,33 @@ def test_disk_cache_writes_npy_and_loads_the_same_pixels(tmp_path):
     assert torch.equal(plain[1][0], disk[1][0])
 
 
+@pytest.mark.parametrize("size", [(300, 400), (150, 1000)])  # 1000 * (64 / 1000) rounds up past 64 in floats
+def test_disk_cache_holds_the_image_shrunk_to_the_training_size_and_gives_identical_samples(tmp_path, size,
+                                                                                           log_lines):
+    images = make_dataset(tmp_path, n=3, size=size)
+    plain = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP)
+    disk = LoadImagesAndLabels(str(images), img_size=64, augment=True, hyp=HYP, cache_images="disk")
+    assert [Path(f).name for f in disk.npy_files] == [f"im{i}.64-linear.npy" for i in range(3)]
+    cached = np.load(disk.npy_files[1])
+    assert max(cached.shape[:2]) <= 65 and np.array_equal(cached, plain.images.base_image(1))
+    for key in [(0, 0, 0), (1, 3, 0), (2, 5, 0)]:
+        assert torch.equal(plain[key][0], disk[key][0]) and torch.equal(plain[key][1], disk[key][1])
+    assert any("--cache disk: about" in m and "GB for 3 images" in m for m in log_lines)
+    val = LoadImagesAndLabels(str(images), img_size=64, cache_images="disk")  # other interpolation: other files
+    assert Path(val.npy_files[0]).name == "im0.64-area.npy" and Path(val.npy_files[0]).is_file()
+
+
+@pytest.mark.slow
+def test_training_with_either_cache_is_bit_identical_to_training_without(shapes_data, tiny_cfg, tmp_path):
+    from tests.support.run_outputs import assert_identical
+    from tests.support.training_runs import train_run
+
+    plain = train_run(tmp_path, shapes_data, tiny_cfg, name="plain", epochs=1, noplots=True, workers=2)
+    for cache in ("disk", "ram"):
+        assert_identical(train_run(tmp_path, shapes_data, tiny_cfg, name=cache, epochs=1, noplots=True, workers=2,
+                                   cache=cache), plain)
+
+
 @pytest.mark.parametrize("fault, reason", [("read_only", "Read-only"), ("full_disk", "No space left")])
 def test_disk_cache_on_an_unwritable_data_set_warns_and_reads_the_images(request, tmp_path, log_lines, fault,
                                                                           reason):
@@ -460,7 +487,7 @@ def test_disk_cache_on_an_unwritable_data_set_warns_and_reads_the_images(request
     plain = LoadImagesAndLabels(str(images), img_size=64)
     request.getfixturevalue(fault)(images)
     disk = LoadImagesAndLabels(str(images), img_size=64, cache_images="disk")
-    warnings = [m for m in log_lines if "--cache disk" in m]
+    warnings = warnings_about(log_lines, "--cache disk")
     assert len(warnings) == 1 and str(images) in warnings[0] and reason in warnings[0], log_lines
     assert not list(images.glob("*.npy")) and not list(images.glob(".*"))  # nothing written, no temporaries
     assert torch.equal(plain[1][0], disk[1][0])

@@ -1,7 +1,8 @@
 """Decoded training images, read on demand or cached (``--cache ram`` / ``--cache disk``).
 
 A cached image is the one samples are built from (shrunk to ``img_size`` when larger, never
-enlarged), so cached and uncached training give bit-identical batches.
+enlarged), in RAM and in the ``.npy`` files of ``--cache disk`` alike, so cached and uncached
+training give bit-identical batches, and a 2000 x 1500 JPEG costs a 640-px array, not 9 MB.
 """
 
 import contextlib
@@ -112,12 +113,18 @@ class ImageCache:
         self.full_size = full_size
         self.n = len(im_files)
         self.ims = [None] * self.n  # RAM cache of base images (see base_image)
-        self.npy_files = [str(Path(f).with_suffix(".npy")) for f in im_files]
+        self.npy_files = [f"{Path(f).with_suffix('')}.{self._cache_tag()}.npy" for f in im_files]
         self.disk = mode == "disk"
-        if mode == "ram" and self._ram_fits():
+        per_image = self._announce_size(mode) if mode in ("ram", "disk") else 0.0
+        if mode == "ram" and self._ram_fits(per_image):
             self._cache_in_ram()
         if self.disk:
             self._cache_on_disk()
+
+    def _cache_tag(self) -> str:
+        """What a ``.npy`` file holds: the image at full size, or shrunk to ``img_size`` with which interpolation
+        (a cache made for other settings is another file, never a wrong one)."""
+        return "full" if self.full_size else f"{self.img_size}-{'linear' if self.augment else 'area'}"
 
     def _decode(self, i):
         """Decode image file i upright as BGR uint8 (h0, w0, 3)."""
@@ -125,12 +132,6 @@ class ImageCache:
         if im is None:
             raise UserError(f"{self.prefix}{self.im_files[i]}: image can no longer be read (changed since the scan?)")
         return im
-
-    def _read(self, i):
-        """Original image i, upright BGR uint8 (from the .npy disk cache when enabled)."""
-        if self.disk and os.path.isfile(self.npy_files[i]):
-            return np.load(self.npy_files[i], allow_pickle=False)
-        return self._decode(i)
 
     def resized_shape(self, h0, w0):
         """(h, w) of an h0 x w0 image scaled so its long side is ``img_size``."""
@@ -145,7 +146,12 @@ class ImageCache:
         """
         if self.ims[i] is not None:
             return self.ims[i]
-        im = self._read(i)
+        if self.disk and os.path.isfile(self.npy_files[i]):
+            return np.load(self.npy_files[i], allow_pickle=False)  # written shrunk: shrinking again could change it
+        return self._shrunk(self._decode(i))
+
+    def _shrunk(self, im):
+        """The decoded ``im`` shrunk so its long side is ``img_size`` (unchanged when smaller or ``full_size``)."""
         if self.full_size:
             return im
         h0, w0 = im.shape[:2]
@@ -171,10 +177,16 @@ class ImageCache:
         w0, h0 = (int(v) for v in self.shapes[i])
         return self.base_image(i), self.resized_shape(h0, w0)
 
-    def _ram_fits(self) -> bool:
-        """Estimate the RAM cache from a sample of images; refuse (with a warning) if it would not fit."""
+    def _announce_size(self, mode: str) -> float:
+        """Bytes per cached image, estimated from a sample of up to 30, and the total, logged before filling."""
         sample = np.linspace(0, self.n - 1, min(self.n, 30)).astype(int)
-        per_image = np.mean([self.base_image(i).nbytes for i in sample])
+        per_image = float(np.mean([self.base_image(i).nbytes for i in sample]))
+        LOGGER.info(f"{self.prefix}--cache {mode}: about {per_image / 1e6:.2f} MB per image as cached "
+                    f"({self._cache_tag()}), {per_image * self.n / 1e9:.3f} GB for {self.n} images")
+        return per_image
+
+    def _ram_fits(self, per_image: float) -> bool:
+        """Refuse the RAM cache (with a warning) if ``per_image`` bytes for every image would not fit."""
         need, (available, limit) = per_image * self.n * 1.1, _available_memory()
         if need > available:
             LOGGER.warning(f"{self.prefix}--cache ram needs {need / 1e9:.1f} GB but only "
@@ -195,7 +207,7 @@ class ImageCache:
         if npy.exists() and npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
             return
         buf = io.BytesIO()
-        np.save(buf, self._decode(i), allow_pickle=False)
+        np.save(buf, self._shrunk(self._decode(i)), allow_pickle=False)
         atomic_write_bytes(npy, buf.getvalue())
 
     def _cache_on_disk(self):
