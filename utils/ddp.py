@@ -40,8 +40,9 @@ def dist_info_from_env(local_rank_flag: int = -1) -> DistInfo:
     world_size = read("WORLD_SIZE")
     if world_size <= 1:
         return DistInfo()
-    local_rank = read("LOCAL_RANK") if read("LOCAL_RANK") >= 0 else local_rank_flag
-    rank = read("RANK") if read("RANK") >= 0 else local_rank
+    local_rank, rank = read("LOCAL_RANK"), read("RANK")
+    local_rank = local_rank if local_rank >= 0 else local_rank_flag
+    rank = rank if rank >= 0 else local_rank
     if rank >= world_size:
         raise UserError(f"RANK={rank} with WORLD_SIZE={world_size}: a rank counts from 0 to WORLD_SIZE - 1; "
                         "start the job with torchrun, which sets both")

@@ -34,20 +34,20 @@ def cuda_rng_state(device=None) -> torch.Tensor | None:
     return torch.cuda.get_rng_state(_cuda_index(device)).clone()
 
 
-def get_rng_state(cuda_by_rank: list | None = None) -> dict:
+def get_rng_state(cuda_by_rank: list | None = None, device=None) -> dict:
     """Every RNG stream as plain data that survives ``torch.save`` + ``torch.load(weights_only=True)``.
 
     Keys: ``python`` ([version, 625 ints, gauss_next]), ``numpy`` ([name, 624 ints, pos,
     has_gauss, cached_gaussian]), ``torch`` (uint8 CPU tensor) and ``cuda``: a list indexed by
     DDP rank, ``cuda[k]`` being rank k's own device generator (uint8 tensor, or None where that
     rank had not initialised CUDA). Under DDP every rank calls :func:`cuda_rng_state` on its
-    device and the saving rank passes the gathered list as ``cuda_by_rank``; outside DDP the list
-    holds this process's current device (empty before CUDA is initialised).
+    device and the saving rank passes the gathered list as ``cuda_by_rank``; without it the list
+    holds ``device``'s generator (default: the current device; empty before CUDA is initialised).
     """
     py_version, py_internal, py_gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
     if cuda_by_rank is None:
-        own = cuda_rng_state()
+        own = cuda_rng_state(device)
         cuda_by_rank = [] if own is None else [own]
     return {
         "python": [py_version, list(py_internal), py_gauss],
@@ -61,8 +61,7 @@ def get_rng_state(cuda_by_rank: list | None = None) -> dict:
 def preserved_rng_state(device=None):
     """Every RNG stream as it was before the block, ``device``'s CUDA generator included: trial work
     (AutoBatch, the audit) may run DropPath in training mode without moving the run's streams."""
-    own = cuda_rng_state(device)
-    saved = get_rng_state(cuda_by_rank=[] if own is None else [own])
+    saved = get_rng_state(device=device)
     try:
         yield
     finally:
