@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noplots", action="store_true", help="save no plot files")
     p.add_argument("--evolve", type=int, nargs="?", const=300, help="evolve hyperparameters for N generations")
     p.add_argument("--cache", type=str, nargs="?", const="ram", help="cache images in 'ram' (default) or 'disk'")
+    p.add_argument("--reduced-decode", action="store_true",
+                   help="decode large JPEGs at 1/2, 1/4 or 1/8 scale in libjpeg when that still covers --imgsz (faster)")
     p.add_argument("--image-weights", action="store_true", help="sample images by class rarity")
     p.add_argument("--multi-scale", action="store_true", help="vary image size +/- 50%%")
     p.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
@@ -164,7 +166,8 @@ def resume_options(opt, argv=None):
         raise UserError(f"--resume {path}: that run finished; there is nothing to resume "
                         "(start a new run with --weights to fine-tune from it)")
     typed = typed_flags(build_parser(), sys.argv[1:] if argv is None else argv)
-    saved = merge_resumed_options(ckpt["opt"], typed, RESUME_MAY_DIFFER)
+    # flags added since the checkpoint was written take their defaults, which is how that run was trained
+    saved = merge_resumed_options({**vars(parse_opt([])), **ckpt["opt"]}, typed, RESUME_MAY_DIFFER)
     saved.resume = str(path)
     saved.weights = str(path)
     saved.save_dir = str(path.parent.parent)
@@ -322,13 +325,13 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
         data_dict["train"], imgsz, per_rank_batch, grid_size, single_cls=opt.single_cls, hyp=hyp,
         augment=True, cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
         image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
-        nc=nc, train_tiles=opt.train_tiles)
+        nc=nc, train_tiles=opt.train_tiles, reduced_decode=opt.reduced_decode)
     val_loader = None
     if dist.is_main:
         val_loader = create_dataloader(
             data_dict["val"], imgsz, per_rank_batch * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
-            prefix=colorstr("val: "), seed=opt.seed, nc=nc)[0]
+            prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode)[0]
     return train_loader, dataset, val_loader
 
 

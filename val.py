@@ -103,7 +103,7 @@ def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
                         f"has {data['nc']}; use the data set the weights were trained on, or --single-cls")
 
 
-def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers):
+def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode=False):
     """Rectangular batches (pad 0.5 stride) for accuracy; square ``imgsz`` letterboxes (pad 0) for --task speed
     and for static exports (``model.fixed_shape`` set), whose input cannot grow past the exported size."""
     stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
@@ -113,7 +113,7 @@ def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers
         raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{task}' split")
     pad, rect = (0.0, False) if task == "speed" or fixed_shape else (0.5, True)
     return create_dataloader(data[task], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
-                             prefix=colorstr(f"{task}: "), nc=data["nc"])[0]
+                             prefix=colorstr(f"{task}: "), nc=data["nc"], reduced_decode=reduced_decode)[0]
 
 
 def _class_names(names, model, data, single_cls=False):
@@ -129,7 +129,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False, half=True,
         model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None,
         slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, size_bands=False,
-        plot_bands=False):
+        plot_bands=False, reduced_decode=False):
     """Validate; returns a :class:`ValResult` (metrics, per-class mAP50-95, per-image times, size bands).
 
     With ``model`` given (from train.py), that model is used as is, ``data`` is the data dict and half
@@ -138,7 +138,9 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     training, and during training with ``size_bands=True`` or ``verbose``; they are printed under the
     usual table outside training or with ``verbose``. ``slice_size`` > 0 predicts each full-size image by sliced
     inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes PR_curve_bands.png:
-    precision-recall at IoU 0.5 per object-size band. Running out of memory is one line (utils/out_of_memory.py).
+    precision-recall at IoU 0.5 per object-size band. ``reduced_decode`` decodes large JPEGs at 1/2, 1/4 or 1/8
+    scale where that still covers ``imgsz`` (utils/dataset/image_cache.py). Running out of memory is one line
+    (utils/out_of_memory.py).
     """
     training = model is not None
     if training:
@@ -150,7 +152,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data, single_cls)
     if dataloader is None:
-        dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers)
+        dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode)
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -400,6 +402,8 @@ def parse_opt(argv=None):
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file and run pycocotools")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
     parser.add_argument("--plot-bands", action="store_true", help="also write PR_curve_bands.png (PR per size band)")
+    parser.add_argument("--reduced-decode", action="store_true",
+                        help="decode large JPEGs at 1/2, 1/4 or 1/8 scale in libjpeg when that still covers --imgsz")
     add_slice_arguments(parser)
     opt = check_options(parser.parse_args(argv), VAL_RULES)
     opt.save_txt |= opt.save_hybrid

@@ -207,6 +207,19 @@ def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run
     assert "--epochs 9 conflicts with the checkpoint's 2; the checkpoint's value is used" in "\n".join(log_lines)
 
 
+@pytest.mark.slow
+def test_resume_gives_flags_newer_than_the_checkpoint_their_defaults(finished_run, tmp_path):
+    from utils.training.checkpoints import save_checkpoint
+
+    ckpt = torch.load(finished_run / "weights" / "epoch0.pt", weights_only=True)
+    del ckpt["opt"]["reduced_decode"]  # as written before --reduced-decode existed
+    last = tmp_path / "old" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    save_checkpoint(ckpt, last)
+    opt, _ = train.resume_options(train.parse_opt(["--resume", str(last)]), argv=["--resume", str(last)])
+    assert opt.reduced_decode is False and opt.epochs == 2
+
+
 def test_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch, log_lines):
     from utils.training import run_state
 

@@ -56,7 +56,7 @@ class LoadImagesAndLabels(Dataset):
 
     def __init__(self, path, img_size=640, batch_size=16, augment=False, hyp=None, rect=False,
                  image_weights=False, cache_images=False, single_cls=False, stride=32, pad=0.0, prefix="",
-                 seed=0, nc=None, train_tiles=None):
+                 seed=0, nc=None, train_tiles=None, reduced_decode=False):
         self.img_size = img_size
         self.augment = augment
         self.hyp = _check_hyp(hyp, prefix) if augment else hyp
@@ -83,7 +83,8 @@ class LoadImagesAndLabels(Dataset):
         if self.rect:
             self._sort_for_rect(batch_size, img_size, stride, pad)
         self.images = ImageCache(self.im_files, self.shapes, self.orientations, img_size, augment,
-                                 cache_mode(cache_images, prefix), prefix, full_size=bool(self.tiles))
+                                 cache_mode(cache_images, prefix), prefix, full_size=bool(self.tiles),
+                                 reduced_decode=reduced_decode)
 
     # ---- labels and images
 
@@ -310,9 +311,10 @@ def _loader_dist_info(rank: int) -> DistInfo:
 
 def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=None, augment=False, cache=False,
                       pad=0.0, rect=False, rank=-1, workers=8, image_weights=False, quad=False, prefix="",
-                      shuffle=False, seed=0, nc=None, train_tiles=None):
-    """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check, and
-    ``train_tiles``, the tile side for training on tiles of large images).
+                      shuffle=False, seed=0, nc=None, train_tiles=None, reduced_decode=False):
+    """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check,
+    ``train_tiles``, the tile side for training on tiles of large images, and ``reduced_decode``, JPEGs decoded
+    at 1/2, 1/4 or 1/8 scale when that still covers ``imgsz``; see utils/dataset/image_cache.py).
 
     Batches: ``(imgs uint8 (bs, 3, h, w) RGB, targets (n, 6) [img_idx, cls, x, y, w, h], paths, shapes)``.
     """
@@ -324,7 +326,7 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
         dataset = LoadImagesAndLabels(path, imgsz, batch_size, augment=augment, hyp=hyp, rect=rect,
                                       image_weights=image_weights, cache_images=cache, single_cls=single_cls,
                                       stride=int(stride), pad=pad, prefix=prefix, seed=seed, nc=nc,
-                                      train_tiles=train_tiles)
+                                      train_tiles=train_tiles, reduced_decode=reduced_decode)
     batch_size = min(batch_size, len(dataset))
     nw = min(os.cpu_count() or 1, batch_size, workers)
     sampler = DeterministicBatchSampler(dataset, batch_size, shuffle=shuffle, seed=seed, rank=info.rank,

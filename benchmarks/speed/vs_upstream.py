@@ -109,9 +109,10 @@ class Side:
             model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
         return model
 
-    def loader(self, path, imgsz, batch, workers, augment):
+    def loader(self, path, imgsz, batch, workers, augment, **options):
+        """The side's own ``create_dataloader``; ``options`` are extra arguments only this project's takes."""
         kwargs = dict(hyp=dict(HYP), augment=True, shuffle=True, seed=0) if augment else dict(pad=0.5, rect=True)
-        return self.create_dataloader(path, imgsz, batch, 32, workers=workers, **kwargs)[0]
+        return self.create_dataloader(path, imgsz, batch, 32, workers=workers, **kwargs, **options)[0]
 
 
 def peak_rss_mb():
@@ -191,11 +192,18 @@ def task_detect(side, cfg):
 
 
 def task_loader(side, cfg):
-    """Images/s of one pass over the augmenting training loader (mosaic on)."""
-    loader = side.loader(cfg["train"], cfg["imgsz"], cfg["batch"], cfg["workers"], augment=True)
-    start, seen = time.perf_counter(), 0
-    for imgs, *_ in loader:
-        seen += len(imgs)
+    """Images/s of ``cfg['loader_passes']`` (default 1) passes over the augmenting training loader (mosaic on),
+    timed from the end of batch ``cfg['loader_warmup_batches']`` (default 0: from the start, worker start-up
+    included); ``cfg['loader_options']`` go to this project's loader only."""
+    options = cfg.get("loader_options", {}) if side.name == "ours" else {}
+    loader = side.loader(cfg["train"], cfg["imgsz"], cfg["batch"], cfg["workers"], augment=True, **options)
+    warmup, batches, seen = cfg.get("loader_warmup_batches", 0), 0, 0
+    start = time.perf_counter()
+    for _ in range(cfg.get("loader_passes", 1)):
+        for imgs, *_ in loader:
+            batches, seen = batches + 1, seen + len(imgs)
+            if batches == warmup:
+                start, seen = time.perf_counter(), 0
     return {"images_per_s": seen / (time.perf_counter() - start)}
 
 
@@ -204,6 +212,8 @@ def worker(side_name, task, cfg):
     import torch
 
     torch.set_num_threads(cfg["threads"])
+    if cfg.get("cpus"):  # pinned: a one-core figure must not borrow a second core (loader workers inherit it)
+        os.sched_setaffinity(0, cfg["cpus"])
     side = Side(side_name, cfg.get("upstream"))
     root = cfg["roots"][side_name]
     cfg = dict(cfg, root=root, train=str(Path(root) / "images" / "train"), val=str(Path(root) / "images" / "val"))

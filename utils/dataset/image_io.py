@@ -17,6 +17,9 @@ from utils.errors import UserError
 IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm")
 VID_FORMATS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
 NUM_THREADS = min(8, max(1, os.cpu_count() or 1))  # threads for scanning and caching files
+JPEG_SUFFIXES = ("jpg", "jpeg")
+# libjpeg scales the inverse DCT by these factors (OpenCV's IMREAD_REDUCED_COLOR_2/4/8)
+REDUCED_READ_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
 
 def img2label_paths(img_paths):
@@ -68,14 +71,25 @@ def _pil_to_bgr(im: Image.Image):
     return cv2.cvtColor(np.asarray(im.convert("RGB")), cv2.COLOR_RGB2BGR)
 
 
-def read_image(path, orientation=None):
+def jpeg_reduction(path, long_side: int, target: int) -> int:
+    """The largest of 1, 2, 4, 8 by which libjpeg may shrink ``path`` while decoding and leave the long side
+    (``long_side`` px at full size) at least ``target`` px; 1 for files that are not JPEG."""
+    if file_suffix(path) not in JPEG_SUFFIXES:
+        return 1
+    return max((f for f in REDUCED_READ_FLAGS if long_side // f >= target), default=1)
+
+
+def read_image(path, orientation=None, reduction=1):
     """Read an image file upright as (h, w, 3) uint8 BGR, or None when it cannot be decoded.
 
     OpenCV decodes (grey, RGBA and 16-bit become 3-channel 8-bit); PIL is the fallback for files
     OpenCV rejects. EXIF orientation is applied here for every format, so ``orientation`` (from
-    the scan) saves re-reading the header.
+    the scan) saves re-reading the header. ``reduction`` 2, 4 or 8 (JPEG only, see
+    :func:`jpeg_reduction`) decodes at that fraction of the size inside libjpeg (DCT scaling), several
+    times faster than a full decode; the PIL fallback always decodes at full size.
     """
-    im = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    flags = REDUCED_READ_FLAGS[reduction] if reduction > 1 else cv2.IMREAD_COLOR
+    im = cv2.imread(str(path), flags | cv2.IMREAD_IGNORE_ORIENTATION)
     if im is None:
         try:
             with Image.open(path) as pil:
