@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import torch
-import torchvision
 
 from utils.errors import UserError
 from utils.logging import LOGGER
+from utils.torchvision_ops import batched_nms
 
 MAX_WH = 7680  # class offset for batched NMS; larger than any image side we process
 
@@ -191,7 +191,7 @@ def _nms_top(det, iou_thres, agnostic, max_det):
     while True:
         part = det[:size]
         groups = torch.zeros_like(part[:, 5]) if agnostic else part[:, 5]
-        keep = torchvision.ops.batched_nms(part[:, :4], part[:, 4], groups.long(), iou_thres)
+        keep = batched_nms(part[:, :4], part[:, 4], groups.long(), iou_thres)
         if len(keep) >= max_det or size == len(det):
             return part[keep[:max_det]]
         size = min(len(det), 4 * size)
@@ -199,7 +199,7 @@ def _nms_top(det, iou_thres, agnostic, max_det):
 
 def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=None, agnostic=False,
                         multi_label=False, labels=(), max_det=300, max_nms=30000):
-    """Per-class NMS of a batch on ``torchvision.ops.batched_nms``.
+    """Per-class NMS of a batch on torchvision's ``batched_nms`` (utils/torchvision_ops.py).
 
     ``prediction``: (bs, N, 5 + nc) [x, y, w, h, obj, cls scores...] in pixels, or the
     eval-mode tuple ``(pred, raw)``. ``labels``: optional per-image (n, 5) [cls, x, y, w, h]

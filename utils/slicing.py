@@ -17,12 +17,12 @@ import argparse
 import cv2
 import numpy as np
 import torch
-import torchvision
 
 from utils.augmentations import letterbox
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.ops import clip_boxes, non_max_suppression
+from utils.torchvision_ops import batched_nms
 
 MERGE_MODES = ("nms", "nmm")
 NMM_THRESHOLD = 0.5  # intersection over the smaller box at which NMM merges two boxes
@@ -137,7 +137,7 @@ def merge_detections(det, mode, iou_thres, agnostic=False):
         return greedy_nmm(det, agnostic=agnostic)
     det = det[torch.sort(det[:, 4], descending=True, stable=True).indices]
     groups = torch.zeros_like(det[:, 5]) if agnostic else det[:, 5]
-    return det[torchvision.ops.batched_nms(det[:, :4].float(), det[:, 4].float(), groups.long(), iou_thres)]
+    return det[batched_nms(det[:, :4].float(), det[:, 4].float(), groups.long(), iou_thres)]
 
 
 def from_letterbox(det, gain, pad, offset=(0, 0)):
