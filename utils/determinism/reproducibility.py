@@ -10,7 +10,7 @@ import torch
 
 from utils.env_vars import recorded, recorded_nccl
 from utils.files import atomic_write_bytes
-from utils import torchvision_ops
+from utils.torchvision_ops import version as torchvision_version
 
 
 def device_names(device: torch.device) -> list:
@@ -69,7 +69,7 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=
         "versions": {
             "python": sys.version.split()[0],
             "torch": torch.__version__,
-            "torchvision": torchvision_ops.version(),
+            "torchvision": torchvision_version(),
             "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         },

@@ -26,7 +26,7 @@ from utils.logging import LOGGER
 from utils.determinism.reproducibility import record_checksum
 from utils.rng_state import get_rng_state
 from utils.torch_utils import de_parallel
-from utils import torchvision_ops
+from utils.torchvision_ops import version as torchvision_version
 
 
 # Test-only: the GPU proof's kill-and-resume row sets this so a run SIGKILLs itself right after saving
@@ -80,7 +80,7 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
         "opt": plain_opt(opt),
         "hyp": to_plain(dict(hyp)),
         "date": datetime.now().isoformat(),
-        "versions": {"torch": torch.__version__, "torchvision": torchvision_ops.version()},
+        "versions": {"torch": torch.__version__, "torchvision": torchvision_version()},
     }
 
 
