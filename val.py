@@ -138,8 +138,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     training, and during training with ``size_bands=True`` or ``verbose``; they are printed under the
     usual table outside training or with ``verbose``. ``slice_size`` > 0 predicts each full-size image by sliced
     inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes PR_curve_bands.png:
-    precision-recall at IoU 0.5 per object-size band. ``reduced_decode``: as train.py's ``--reduced-decode``.
-    Running out of memory is one line (utils/out_of_memory.py).
+    precision-recall at IoU 0.5 per object-size band. ``reduced_decode``: as train.py's flag. Out of memory: one line.
     """
     training = model is not None
     if training:
