@@ -361,3 +361,23 @@ def test_optimizer_for_a_model_without_biases_keeps_three_groups(name):
     groups = smart_optimizer(model, name, lr=0.01, momentum=0.9, decay=5e-4).param_groups
     assert [len(g["params"]) for g in groups] == [0, 1, 0]
     assert [g["weight_decay"] for g in groups] == [0.0, 5e-4, 0.0]
+
+
+def test_deterministic_switch_matches_torchs_and_reaches_inductor_without_importing_it():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch, os\n"
+            "from utils.torch_utils import configure_determinism, set_deterministic_algorithms\n"
+            "configure_determinism('warn')\n"
+            "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+            " 'torch._inductor' in sys.modules, os.environ['TORCHINDUCTOR_DETERMINISTIC'])\n"
+            "import torch._inductor.config as c\n"
+            "print(c.deterministic)\n"
+            "set_deterministic_algorithms(False)\n"
+            "print(torch.are_deterministic_algorithms_enabled(), c.deterministic)\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "False", "1", "True", "False", "False"]

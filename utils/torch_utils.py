@@ -370,11 +370,25 @@ def temporary_determinism(flag: bool = False, warn_only: bool = False):
     back exactly, so nested blocks unwind level by level.
     """
     previous_mode, previous_warn_only = _algorithm_flags()
-    torch.use_deterministic_algorithms(flag, warn_only=warn_only)
+    set_deterministic_algorithms(flag, warn_only=warn_only)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(previous_mode, warn_only=previous_warn_only)
+        set_deterministic_algorithms(previous_mode, warn_only=previous_warn_only)
+
+
+def set_deterministic_algorithms(flag: bool, warn_only: bool = False) -> None:
+    """``torch.use_deterministic_algorithms(flag, warn_only=warn_only)`` without its import of torch._inductor.
+
+    Since torch 2.5 that call imports ``torch._inductor.config`` (2.4 s of start-up on the 2-core machine, in
+    every process) only to set inductor's own ``deterministic`` switch. Here the switch is set where inductor
+    is loaded already; a process that compiles later reads it from ``TORCHINDUCTOR_DETERMINISTIC``, which
+    :func:`configure_determinism` exports for the process's mode.
+    """
+    torch._C._set_deterministic_algorithms(flag, warn_only=warn_only)
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:
+        inductor_config.deterministic = flag
 
 
 def determinism_state() -> dict:
@@ -544,7 +558,8 @@ def configure_determinism(mode: str, seed: int = 0, rank: int = -1) -> Determini
     seed_everything(seed)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic
-    torch.use_deterministic_algorithms(deterministic, warn_only=mode == "warn")
+    set_deterministic_algorithms(deterministic, warn_only=mode == "warn")
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1" if deterministic else "0"  # for an inductor loaded later
     torch.utils.deterministic.fill_uninitialized_memory = NAN_FILL_UNINITIALIZED
     return DeterminismPolicy(mode=mode, seed=seed, rank=rank, relax_backward=mode == "scoped")
 

@@ -13,6 +13,7 @@ import torch
 
 from utils.env_vars import recorded
 from utils.torch_utils import determinism_state
+from utils.torchvision_ops import version as torchvision_version
 
 
 def _optional_version(module_name: str) -> str | None:
@@ -42,7 +43,7 @@ def environment_report() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "torchvision": _optional_version("torchvision"),
+        "torchvision": torchvision_version(),  # not imported: that costs seconds (utils/torchvision_ops.py)
         "opencv": _optional_version("cv2"),
         "numpy": np.__version__,
         "cuda_available": cuda_available,
