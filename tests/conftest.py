@@ -15,6 +15,21 @@ from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402  (needs ROO
 
 TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
 
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (``-n N``) each worker gets ``cpu_count // N`` torch threads, and the processes its tests
+    start inherit that through ``OMP_NUM_THREADS``: N workers at full width fight over the cores (two 2-thread
+    torch jobs on the 2-core machine ran 10-20x slower than one)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+_share_the_cores_between_workers()
+
 # Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
 # none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one.
 os.environ["FFCA_AUDIT_CACHE"] = "off"

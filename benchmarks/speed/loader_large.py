@@ -12,7 +12,8 @@ would decode unrealistically fast. JPEGs are written at quality 90.
 
 Per set and per loader setting (one core: ``--workers 0`` with the process pinned to one CPU; and two loader
 workers on two CPUs) every loader runs in a fresh process (benchmarks/speed/vs_upstream.py's workers),
-upstream, ours and ours with ``--reduced-decode`` in turn, ``--repeats`` times; the table gives medians.
+upstream, ours, ours with ``--reduced-decode`` and ours with ``--cache disk`` (filled while the loader is built,
+so its figure is every epoch after the first) in turn, ``--repeats`` times; the table gives medians.
 Each is timed after its first batch (one per worker), so worker start-up is left out.
 The decode limit is the images/s a mosaic loader would reach if it did nothing but decode (four images per
 sample), from the median one-thread decode time per image: a full ``cv2.imread``, or the reduced decode and
@@ -107,16 +108,18 @@ def pixel_differences(files: list, width: int, height: int, imgsz: int) -> tuple
 def loader_rates(cfg: dict, repeats: int) -> dict:
     """Median images/s of upstream's loader, ours, and ours with ``--reduced-decode``, each in fresh processes,
     taken in turn ``repeats`` times."""
-    runs = {"upstream": [], "ours": [], "ours --reduced-decode": []}
+    runs = {name: [] for name in VARIANTS}
     for _ in range(repeats):
-        runs["upstream"].append(run_worker("upstream", "loader", cfg)["images_per_s"])
-        runs["ours"].append(run_worker("ours", "loader", dict(cfg, loader_options={}))["images_per_s"])
-        runs["ours --reduced-decode"].append(
-            run_worker("ours", "loader", dict(cfg, loader_options={"reduced_decode": True}))["images_per_s"])
+        for name, options in VARIANTS.items():
+            side = "upstream" if name == "upstream" else "ours"
+            runs[name].append(run_worker(side, "loader", dict(cfg, loader_options=options))["images_per_s"])
     return {name: statistics.median(rates) for name, rates in runs.items()}
 
 
 SETTINGS = (("1 core", 0, [0]), ("2 workers, 2 cores", 2, None))  # (name, loader workers, CPUs pinned)
+# loader options per measured variant; the disk cache is filled when the loader is built, before timing starts
+VARIANTS = {"upstream": {}, "ours": {}, "ours --reduced-decode": {"reduced_decode": True},
+            "ours --cache disk": {"cache": "disk"}}
 
 
 def measure_set(name: str, args, scratch: Path, upstream) -> list:
@@ -145,12 +148,12 @@ def measure_set(name: str, args, scratch: Path, upstream) -> list:
 
 def table(rows: list) -> str:
     lines = ["| images | loader | decode limit, full img/s | decode limit, reduced img/s | upstream img/s | "
-             "ours img/s | ours --reduced-decode img/s | ours / upstream | reduced / upstream | "
-             "reduced / its limit |", "|" + " --- |" * 10]
+             "ours img/s | ours --reduced-decode img/s | ours --cache disk img/s | ours / upstream | "
+             "reduced / upstream | cache disk / upstream | reduced / its limit |", "|" + " --- |" * 12]
     for r in rows:
-        up, ours, red = r["upstream"], r["ours"], r["ours --reduced-decode"]
+        up, ours, red, disk = (r[name] for name in VARIANTS)
         lines.append(f"| {r['set']} | {r['setting']} | {r['limit']:.1f} | {r['limit_reduced']:.1f} | {up:.1f} | "
-                     f"{ours:.1f} | {red:.1f} | {ours / up:.2f}x | {red / up:.2f}x | "
+                     f"{ours:.1f} | {red:.1f} | {disk:.1f} | {ours / up:.2f}x | {red / up:.2f}x | {disk / up:.2f}x | "
                      f"{red / r['limit_reduced']:.2f} |")
     return "\n".join(lines)
 
@@ -169,10 +172,10 @@ def main(argv=None):
     p.add_argument("--upstream", default=None,
                    help="upstream YOLOv5 (pip --target folder or checkout); default $YOLOV5_UPSTREAM")
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
-    p.add_argument("--images", type=int, default=16, help="images per set")
+    p.add_argument("--images", type=int, default=32, help="images per set")
     p.add_argument("--imgsz", type=int, default=640)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--passes", type=int, default=3, help="passes over the set per loader process")
+    p.add_argument("--batch-size", type=int, default=8, help="at most images / 2, so two workers both build batches")
+    p.add_argument("--passes", type=int, default=2, help="passes over the set per loader process")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per loader and setting")
     args = parse_checked(p, RULES, argv)
     upstream = find_upstream(args.upstream or read("YOLOV5_UPSTREAM"))
