@@ -30,6 +30,13 @@ def _share_the_cores_between_workers() -> None:
 
 _share_the_cores_between_workers()
 
+MAX_WORKERS = 4  # more workers than this cost more in start-up and memory (about 1 GB each) than they save
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most MAX_WORKERS (the DDP tests start up to 4 processes of their own)."""
+    return min(MAX_WORKERS, os.cpu_count() or 1)
+
 # Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
 # none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one.
 os.environ["FFCA_AUDIT_CACHE"] = "off"
