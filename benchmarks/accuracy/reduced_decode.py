@@ -21,7 +21,8 @@ from utils.errors import exit_on_user_error
 from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = OptionRules(positive=("source_size", "imgsz", "epochs", "n_train", "n_val", "jobs"))
+RULES = OptionRules(positive=("source_size", "imgsz", "epochs", "n_train", "n_val", "jobs"),
+                    non_negative=("data_seed", "train_seeds"))
 START_MAP50 = 0.001
 
 

@@ -44,7 +44,7 @@ from utils.options import OptionRules
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_HYP = ROOT / "data" / "hyps" / "hyp.ffca-paper.yaml"
 SIDES = ("authors", "ours, paper hyp", "ours, defaults")
-RULES = OptionRules(positive=("size", "epochs", "n_train", "n_val", "jobs"))
+RULES = OptionRules(positive=("size", "epochs", "n_train", "n_val", "jobs"), non_negative=("seeds",))
 START_MAP50 = 0.001
 # (file, line as the authors wrote it, what runs instead): imports of packages that moved, nothing else
 PATCHES = (("utils/general.py", "from ultralytics.yolo.utils.checks import check_requirements",
