@@ -2,7 +2,7 @@
 and epochs, trained by their train.py and by ours (with their published hyp and with our defaults).
 
     git clone https://github.com/yemu1138178251/FFCA-YOLO /tmp/ffca-authors      # outside the project
-    pip install --no-deps --target /tmp/ffca-site psutil seaborn                  # what their code imports beyond ours
+    pip install --no-deps --target /tmp/ffca-site psutil seaborn "setuptools<81"  # what their code imports beyond ours
     python -m benchmarks.accuracy.vs_authors --authors /tmp/ffca-authors --site /tmp/ffca-site --out runs/vs-authors
     python -m benchmarks.accuracy.vs_authors --authors /tmp/ffca-authors --site /tmp/ffca-site --kinds photos glyphs \\
         --seeds 0 1 --jobs 2 --out runs/vs-authors
