@@ -7,10 +7,10 @@ and epochs, trained by their train.py and by ours (with their published hyp and 
     python -m benchmarks.accuracy.vs_authors --authors /tmp/ffca-authors --site /tmp/ffca-site --kinds photos glyphs \\
         --seeds 0 1 --jobs 2 --out runs/vs-authors
 
-Their code is run, never vendored: ``--out`` gets a working copy of the folder with two import lines
+Their code is run, never vendored: ``--out`` gets a working copy of the folder with three lines
 replaced so it runs on current packages without changing training (``check_requirements`` from
 ultralytics 8.0 becomes a no-op; timm's ``DropPath`` becomes ``nn.Identity``, as drop path is 0 in
-FFCA-YOLO), their ``torch.load`` calls get ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, and the Arial.ttf their
+FFCA-YOLO; ``np.trapz``, gone in numpy 2.4, becomes ``np.trapezoid``), their ``torch.load`` calls get ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, and the Arial.ttf their
 dataset check would download is matplotlib's DejaVuSans under that name in their config folder. Every run trains
 ``models/ffca-yolo-n.yaml`` (or ``--cfg``) from scratch on a matrix cell (benchmarks/accuracy/matrix.py's
 generator) with ``--batch-size 16 --workers 0 --noplots --device cpu`` and one thread:
@@ -50,7 +50,9 @@ START_MAP50 = 0.001
 PATCHES = (("utils/general.py", "from ultralytics.yolo.utils.checks import check_requirements",
             "def check_requirements(*args, **kwargs):  # vs_authors: ultralytics 8.0's module is gone\n    return True"),
            ("models/common.py", "from timm.models.layers import DropPath",
-            "from torch.nn import Identity as DropPath  # vs_authors: drop path is 0 in FFCA-YOLO"))
+            "from torch.nn import Identity as DropPath  # vs_authors: drop path is 0 in FFCA-YOLO"),
+           ("utils/metrics.py", "ap = np.trapz(np.interp(x, mrec, mpre), x)  # integrate",
+            "ap = getattr(np, 'trapezoid', getattr(np, 'trapz', None))(np.interp(x, mrec, mpre), x)  # vs_authors"))
 
 # Runs a command and prints its peak RSS (KiB) after it ends: RUSAGE_CHILDREN of this wrapper is that run only.
 PEAK_RSS = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
