@@ -10,7 +10,8 @@ and epochs, trained by their train.py and by ours (with their published hyp and 
 Their code is run, never vendored: ``--out`` gets a working copy of the folder with three lines
 replaced so it runs on current packages without changing training (``check_requirements`` from
 ultralytics 8.0 becomes a no-op; timm's ``DropPath`` becomes ``nn.Identity``, as drop path is 0 in
-FFCA-YOLO; ``np.trapz``, gone in numpy 2.4, becomes ``np.trapezoid``), their ``torch.load`` calls get ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, and the Arial.ttf their
+FFCA-YOLO; ``np.trapz``, gone in numpy 2.4, becomes ``np.trapezoid``), their ``torch.load`` calls get
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, and the Arial.ttf their
 dataset check would download is matplotlib's DejaVuSans under that name in their config folder. Every run trains
 ``models/ffca-yolo-n.yaml`` (or ``--cfg``) from scratch on a matrix cell (benchmarks/accuracy/matrix.py's
 generator) with ``--batch-size 16 --workers 0 --noplots --device cpu`` and one thread:
