@@ -26,18 +26,24 @@ def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
 
 
 def kill_when(cmd, last_pt: Path, position_ok, timeout: float = 240) -> list:
-    """Start ``cmd``, SIGKILL it once ``last.pt`` records a position accepted by ``position_ok``."""
+    """Start ``cmd``, SIGKILL it once ``last.pt`` records a position accepted by ``position_ok``.
+
+    The run is stopped (SIGSTOP) while ``last.pt`` is read, so it cannot save again, or finish, between the
+    read and the kill: the killed run's ``last.pt`` is the one that was judged, however busy the machine is.
+    """
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + timeout
     position = None
     try:
         while time.time() < deadline and proc.poll() is None:
             if last_pt.exists():
+                proc.send_signal(signal.SIGSTOP)
                 ckpt = torch.load(last_pt, weights_only=True)
                 position = ckpt.get("next_position")
                 if ckpt.get("optimizer") is not None and position_ok(position):
                     proc.send_signal(signal.SIGKILL)
                     break
+                proc.send_signal(signal.SIGCONT)
             time.sleep(0.05)
     finally:
         proc.kill()
