@@ -16,7 +16,6 @@ from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402  (needs ROO
 TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
 
 
-
 def _share_the_cores_between_workers() -> None:
     """Under pytest-xdist (``-n N``) each worker gets ``cpu_count // N`` torch threads, and the processes its tests
     start inherit that through ``OMP_NUM_THREADS``: N workers at full width fight over the cores (two 2-thread
@@ -36,6 +35,7 @@ MAX_WORKERS = 4  # more workers than this cost more in start-up and memory (abou
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core, at most MAX_WORKERS (the DDP tests start up to 4 processes of their own)."""
     return min(MAX_WORKERS, os.cpu_count() or 1)
+
 
 # Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
 # none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one.

@@ -29,8 +29,8 @@ def _package_folder() -> str:
 @lru_cache(maxsize=None)
 def _nms_kernel():
     """``torch.ops.torchvision.nms``, its library loaded once (the package's own import as the fallback)."""
-    libraries = sorted(glob.glob(os.path.join(_package_folder(), "_C*.so")) +
-                       glob.glob(os.path.join(_package_folder(), "_C*.pyd")))
+    folder = _package_folder()
+    libraries = sorted(glob.glob(os.path.join(folder, "_C*.so")) + glob.glob(os.path.join(folder, "_C*.pyd")))
     if libraries:
         torch.ops.load_library(libraries[0])
     else:  # a build that names its library otherwise: the slow, sure way

@@ -63,10 +63,15 @@ def make_data(kind: str, size: int, seed: int, n_train: int, n_val: int, out: Pa
     return make(root, n_train, n_val, seed, size=size)
 
 
+def results_rows(results_csv: Path) -> list[dict]:
+    """The rows of a results.csv, column names stripped (YOLOv5-family code pads them to a fixed width)."""
+    with open(results_csv, newline="") as f:
+        return [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def read_curve(results_csv: Path) -> dict:
     """First epoch (1-based) with mAP50 > START_MAP50 (None if never) and the first and last train box loss."""
-    with open(results_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = results_rows(results_csv)
     first = next((int(r["epoch"]) + 1 for r in rows if float(r["metrics/mAP_0.5"]) > START_MAP50), None)
     return {"first": first, "box0": float(rows[0]["train/box_loss"]), "box1": float(rows[-1]["train/box_loss"])}
 

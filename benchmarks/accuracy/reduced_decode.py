@@ -12,10 +12,10 @@ decodes as it trains. The table gives, per run, mAP50-95 at the last epoch and t
 with mAP50 > 0.001, then per flag the median over training seeds. Finished runs under ``--out`` are reused.
 """
 
-import csv
 import statistics
 from pathlib import Path
 
+from benchmarks.accuracy.matrix import results_rows
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
 from utils.options import OptionRules
@@ -43,8 +43,7 @@ def run_name(job: dict) -> str:
 
 def curve(results_csv: Path) -> dict:
     """Last and best mAP50-95 and the first epoch with mAP50 > START_MAP50 (None if never) from results.csv."""
-    with open(results_csv, newline="") as f:
-        rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
+    rows = results_rows(results_csv)
     maps = [float(r["metrics/mAP_0.5:0.95"]) for r in rows]
     first = next((int(r["epoch"]) for r in rows if float(r["metrics/mAP_0.5"]) > START_MAP50), None)
     return {"last": maps[-1], "best": max(maps), "first": first, "epochs": len(rows)}

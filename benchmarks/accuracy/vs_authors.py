@@ -28,7 +28,6 @@ own validation), seconds per epoch (the whole process over the epochs) and peak 
 ``--out`` are reused, so the same command continues.
 """
 
-import csv
 import json
 import os
 import resource
@@ -38,7 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.accuracy.matrix import KINDS, make_data, results_rows
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
+from benchmarks.peers import offline_config_folder
 from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
 
@@ -76,11 +77,7 @@ def working_copy(authors: Path, out: Path) -> Path:
             raise UserError(f"--authors {authors}: {name} no longer has '{original}'; this benchmark was written for "
                             "the authors' commit 874a00d")
         path.write_text(text.replace(original, replacement, 1))
-    import matplotlib
-
-    (out / "authors-config").mkdir(exist_ok=True)
-    shutil.copy(Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf",
-                out / "authors-config" / "Arial.ttf")
+    offline_config_folder(out / "authors-config")
     return copy
 
 
@@ -103,8 +100,7 @@ def run_name(job: dict) -> str:
 
 def own_curve(results_csv: Path) -> dict:
     """Epochs, the first epoch (1-based) with mAP50 > START_MAP50 and the best mAP50-95, from a side's results.csv."""
-    with open(results_csv, newline="") as f:
-        rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
+    rows = results_rows(results_csv)
     maps = [float(r["metrics/mAP_0.5:0.95"]) for r in rows]
     first = next((i + 1 for i, r in enumerate(rows) if float(r["metrics/mAP_0.5"]) > START_MAP50), None)
     return {"epochs": len(rows), "first": first, "own_best": max(maps, default=0.0)}
@@ -166,8 +162,6 @@ def table(rows: list) -> str:
 
 @exit_on_user_error
 def main(argv=None):
-    from benchmarks.accuracy.matrix import KINDS, make_data
-
     p = parser_for("benchmarks.accuracy.vs_authors", description=__doc__.splitlines()[0])
     p.add_argument("--authors", required=True, help="a checkout of github.com/yemu1138178251/FFCA-YOLO")
     p.add_argument("--site", help="folder with the packages their code imports beyond ours (pip install --target)")

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.cli import parse_checked, parser_for
+from benchmarks.peers import offline_config_folder
 from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
 
@@ -92,12 +93,7 @@ class Sides:
 
     def __init__(self, upstream: Path, site: Path | None, scratch: Path):
         self.trees = {"ours": ROOT, "upstream": upstream}
-        config_dir = scratch / "yolov5-config"
-        config_dir.mkdir()
-        import matplotlib
-
-        shutil.copy(Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf",
-                    config_dir / "Arial.ttf")
+        config_dir = offline_config_folder(scratch / "yolov5-config")
         path = os.pathsep.join(str(p) for p in (upstream, site) if p)
         self.env = {"ours": {**os.environ, "FFCA_AUDIT_CACHE": str(scratch / "audit-cache")},
                     "upstream": {**os.environ, "PYTHONPATH": path, "YOLOV5_CONFIG_DIR": str(config_dir)}}
