@@ -1,5 +1,6 @@
-"""FEM and SCAM's optional zero-initialised residual branch (``init='zero_last'``): the published layer list
-and parameter count stay, the module starts as its shortcut, and the branch still receives a gradient."""
+"""FEM and SCAM's zero-initialised residual branch (``init='zero_last'``, the default since issue 38) and the
+authors' initialisation (``init='published'``): the published layer list and parameter count stay, the
+default module starts as its shortcut, and its branch still receives a gradient."""
 
 import pytest
 import torch
@@ -13,37 +14,60 @@ def _shapes(model) -> dict:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def test_zero_init_variant_keeps_the_published_layers_and_parameter_count(tmp_path):
-    published = Model("models/ffca-yolo-n.yaml", nc=10)
-    zero = Model(variant_yaml("ffca-yolo-n-zeroinit", tmp_path), nc=10)
-    assert sum(p.numel() for p in published.parameters()) == 594_177  # the authors' parser builds the same
-    assert sum(p.numel() for p in zero.parameters()) == 594_177
-    assert _shapes(zero) == _shapes(published)
-    assert [type(m).__name__ for m in zero.model] == [type(m).__name__ for m in published.model]
+def _scam_and_fem_inits(model) -> list[bool]:
+    """Per FEM/SCAM module, whether its branch's last scale starts at zero."""
+    zero = []
+    for m in model.modules():
+        if isinstance(m, SCAM):
+            zero.append(bool(torch.all(m.context_proj[0].weight == 0)))
+        elif isinstance(m, FEM):
+            zero.append(bool(torch.all(m.project.bn.weight == 0)))
+    return zero
 
 
-def test_zero_last_starts_scam_as_identity_and_fem_as_its_shortcut():
+def test_both_inits_keep_the_published_layers_and_parameter_count(tmp_path):
+    default = Model("models/ffca-yolo-n.yaml", nc=10)
+    published = Model(variant_yaml("ffca-yolo-n-published", tmp_path), nc=10)
+    assert sum(p.numel() for p in default.parameters()) == 594_177  # the authors' parser builds the same
+    assert sum(p.numel() for p in published.parameters()) == 594_177
+    assert _shapes(published) == _shapes(default)
+    assert [type(m).__name__ for m in published.model] == [type(m).__name__ for m in default.model]
+
+
+def test_shipped_ffca_models_start_every_branch_at_zero_and_published_starts_none(tmp_path):
+    for cfg in ("models/ffca-yolo-n.yaml", "models/ffca-yolo.yaml", "models/l-ffca-yolo.yaml"):
+        inits = _scam_and_fem_inits(Model(cfg, nc=10))
+        assert len(inits) == 5 and all(inits), cfg  # 2 FEM + 3 SCAM rows
+    assert not any(_scam_and_fem_inits(Model(variant_yaml("ffca-yolo-n-published", tmp_path), nc=10)))
+    torch.manual_seed(0)
+    default = Model("models/ffca-yolo-n.yaml", nc=10)
+    torch.manual_seed(0)
+    zeroinit = Model(variant_yaml("ffca-yolo-n-zeroinit", tmp_path), nc=10)
+    assert all(torch.equal(a, b) for a, b in zip(default.state_dict().values(), zeroinit.state_dict().values()))
+
+
+def test_default_starts_scam_as_identity_and_fem_as_its_shortcut():
     torch.manual_seed(0)
     x = torch.randn(2, 16, 8, 8)
-    scam, fem = SCAM(16, init="zero_last").train(), FEM(16, 16, init="zero_last").train()
+    scam, fem = SCAM(16).train(), FEM(16, 16).train()
     assert torch.equal(scam(x), x)
     assert torch.allclose(fem(x), torch.relu(fem.shortcut(x)), atol=1e-6)
-    default_scam, default_fem = SCAM(16).train(), FEM(16, 16).train()
-    assert not torch.allclose(default_scam(x), x, atol=1e-3)
-    assert not torch.allclose(default_fem(x), torch.relu(default_fem.shortcut(x)), atol=1e-3)
+    published_scam, published_fem = SCAM(16, init="published").train(), FEM(16, 16, init="published").train()
+    assert not torch.allclose(published_scam(x), x, atol=1e-3)
+    assert not torch.allclose(published_fem(x), torch.relu(published_fem.shortcut(x)), atol=1e-3)
 
 
 def test_zero_last_branches_still_learn():
     torch.manual_seed(0)
     x = torch.randn(2, 16, 8, 8)
-    scam, fem = SCAM(16, init="zero_last").train(), FEM(16, 16, init="zero_last").train()
+    scam, fem = SCAM(16).train(), FEM(16, 16).train()
     (scam(x) * torch.randn(2, 16, 8, 8)).sum().backward()
     (fem(x) * torch.randn(2, 16, 8, 8)).sum().backward()
     assert scam.context_proj[0].weight.grad.abs().sum() > 0
     assert fem.project.bn.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("module", [lambda: SCAM(16, init="zeros"), lambda: FEM(16, 16, init="zeros")])
+@pytest.mark.parametrize("module", [lambda: SCAM(16, init="default"), lambda: FEM(16, 16, init="zeros")])
 def test_an_unknown_init_is_refused(module):
     with pytest.raises(ValueError, match="init must be one of"):
         module()

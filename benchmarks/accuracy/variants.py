@@ -2,8 +2,9 @@
 
 Each ablation replaces rows of ``models/ffca-yolo-n.yaml`` in place (so layer indices and every
 other row stay the same): FEM -> ``nn.Identity``, SCAM -> ``nn.Identity``, FFM_Concat -> Concat.
-``ffca-yolo-n-zeroinit`` keeps every row and only adds the ``init`` argument ``zero_last`` to FEM and
-SCAM rows (same layers and parameters; models/ffca.py).
+``ffca-yolo-n-zeroinit`` and ``ffca-yolo-n-published`` keep every row and only pass the ``init`` argument
+``zero_last`` (the default since issue 38) or ``published`` to FEM and SCAM rows (same layers and
+parameters; models/ffca.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ ABLATIONS = {
     "ffca-yolo-n-noFEM": {"FEM": "nn.Identity"},
     "ffca-yolo-n-concat": {"FFM_Concat2": "Concat", "FFM_Concat3": "Concat"},
 }
-BRANCH_INIT_VARIANTS = {"ffca-yolo-n-zeroinit": "zero_last"}
+BRANCH_INIT_VARIANTS = {"ffca-yolo-n-zeroinit": "zero_last", "ffca-yolo-n-published": "published"}
 VARIANTS = sorted(MODELS) + sorted(ABLATIONS) + sorted(BRANCH_INIT_VARIANTS)  # every name variant_yaml builds
 
 
