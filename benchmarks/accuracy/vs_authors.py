@@ -25,7 +25,9 @@ Each side's ``best.pt`` is then scored by our ``val.py`` (the authors' checkpoin
 ``utils.convert_checkpoint``, which keeps their FFM arithmetic), so the mAP columns use one metric; their
 own results.csv figure is shown beside it. Also per run: the first epoch with mAP50 > 0.001 (each side's
 own validation), seconds per epoch (the whole process over the epochs) and peak RSS. Finished runs under
-``--out`` are reused, so the same command continues.
+``--out`` are reused, so the same command continues. ``--sides`` picks which of the three runs each cell
+gets: ``ours-default`` is the matrix's run of the same cell and seed (same generator, command and
+recipe), so ``--sides authors`` adds the authors' runs to a finished matrix.
 """
 
 import json
@@ -45,7 +47,7 @@ from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_HYP = ROOT / "data" / "hyps" / "hyp.ffca-paper.yaml"
-SIDES = ("authors", "ours, paper hyp", "ours, defaults")
+SIDES = {"authors": "authors", "ours-paper": "ours, paper hyp", "ours-default": "ours, defaults"}  # --sides: label
 RULES = OptionRules(positive=("size", "epochs", "n_train", "n_val", "jobs"), non_negative=("seeds",))
 START_MAP50 = 0.001
 # (file, line as the authors wrote it, what runs instead): imports of packages that moved, nothing else
@@ -94,7 +96,7 @@ def train_command(job: dict) -> tuple[list, Path]:
 
 
 def run_name(job: dict) -> str:
-    side = {"authors": "authors", "ours, paper hyp": "ours-paper", "ours, defaults": "ours-default"}[job["side"]]
+    side = next(name for name, label in SIDES.items() if label == job["side"])
     return f"{job['kind']}-{job['size']}-s{job['seed']}-{Path(job['cfg']).stem}-{side}"
 
 
@@ -170,6 +172,8 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (data and training)")
     p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--sides", nargs="+", default=list(SIDES), choices=list(SIDES),
+                   help="which runs per cell (e.g. only 'authors' when ours come from the matrix)")
     p.add_argument("--n-train", type=int, default=256)
     p.add_argument("--n-val", type=int, default=64)
     p.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
@@ -183,7 +187,7 @@ def main(argv=None):
     jobs = [{"out": str(out), "authors_code": str(code), "site": site, "cfg": str(Path(args.cfg).resolve()), "kind": kind,
              "size": args.size, "seed": seed, "epochs": args.epochs, "side": side,
              "data": str(make_data(kind, args.size, seed, args.n_train, args.n_val, out))}
-            for kind in args.kinds for seed in args.seeds for side in SIDES]
+            for kind in args.kinds for seed in args.seeds for side in (SIDES[s] for s in args.sides)]
     rows = map_in_workers(train_one, jobs, args.jobs)
     print(f"\n{args.epochs} epochs, {args.n_train} training / {args.n_val} validation images, batch 16, CPU, "
           f"one thread per run\n")
