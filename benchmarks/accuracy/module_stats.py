@@ -50,7 +50,8 @@ from utils.training.checkpoints import float_weights, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
-MODELS = ("yolov5n-p2", "ffca-yolo-n")
+FFCA = "ffca-yolo-n-published"  # the authors' initialisation, whose start this study measured (issue 38)
+MODELS = ("yolov5n-p2", FFCA)
 # Layers both models have, by role: (role, yolov5n-p2 row, ffca-yolo-n row) of their YAML files.
 SHARED = (("stem conv s2", 0, 0), ("conv s4", 1, 1), ("C3 s4", 2, 2), ("conv s8", 3, 4), ("C3 s8", 4, 5),
           ("conv s16", 5, 7), ("C3 s16", 6, 8), ("SPPF", 7, 9), ("head C3 P3 (top-down)", 11, 13),
@@ -327,12 +328,12 @@ def main(argv=None) -> None:
         print(f"\n## {name}: per layer (one batch of {opt.batch} training images, training mode)\n")
         print(layer_table(stats[name]))
         for label, m in models.items():
-            if name == "ffca-yolo-n":
+            if name == FFCA:
                 print(f"\n{name} {label}: FFCA modules\n" + "\n".join(module_identity(m, imgs)))
-            rows = neighbours(m) if name == "ffca-yolo-n" else [i for _, i, _ in SHARED]
+            rows = neighbours(m) if name == FFCA else [i for _, i, _ in SHARED]
             print(f"{name} {label}: BatchNorms (eval mode)\n" + "\n".join(bn_mismatch(m, imgs, rows)))
-    print("\n## ffca-yolo-n / yolov5n-p2 on the layers both have\n")
-    print(shared_table(stats["yolov5n-p2"], stats["ffca-yolo-n"]))
+    print(f"\n## {FFCA} / yolov5n-p2 on the layers both have\n")
+    print(shared_table(stats["yolov5n-p2"], stats[FFCA]))
     for name in opt.also_init:
         model = fresh_variant(name, out, opt.seed, anchors_from=out / "runs" / MODELS[0] / "weights")
         print(f"\n## {name} at init / yolov5n-p2 at init\n")
