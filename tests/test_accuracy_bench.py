@@ -147,6 +147,11 @@ def test_spread_verdicts_apply_the_target_to_the_medians_over_training_seeds():
     assert "end not judged" in spread_verdicts(without_v5)[0]
     low = [{**r, "map": 0.02} if r["model"] == "yolov5n" else r for r in rows]
     assert spread_verdicts(low)[0].endswith("misses end on the medians")
+    v5_early = [{**r, "first": 15} if r["model"] == "yolov5n" else r for r in rows]
+    line = spread_verdicts(v5_early)[0]
+    assert "yolov5n 15, 15, 15 (median 15)" in line and line.endswith("misses start vs yolov5n on the medians")
+    v5_close = [{**r, "first": 17} if r["model"] == "yolov5n" else r for r in rows]
+    assert spread_verdicts(v5_close)[0].endswith("meets on the medians")  # 19 <= 17 + 2
 
 
 def test_separability_is_zero_for_one_distribution_and_affine_invariant():

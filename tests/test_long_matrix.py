@@ -76,3 +76,25 @@ def test_report_only_shows_running_runs_and_generates_nothing(tmp_path, capsys, 
     assert "| glyphs | 96 | 0 | yolov5n | 2 (running) | 2 | 0.0500 |" in report
     assert len([line for line in report.splitlines() if line.startswith("| glyphs")]) == 1  # seed 1 has no run yet
     assert calls == [] and not (tmp_path / "data").exists()
+
+
+def _summary(model, best_map, epochs=60, best_epoch=30, state="done"):
+    return {"kind": "photos", "size": 160, "seed": 0, "model": model, "map": best_map, "epochs": epochs,
+            "best_epoch": best_epoch, "state": state}
+
+
+def test_converged_verdicts_apply_issue_38s_end_target():
+    from benchmarks.accuracy.long_matrix import converged_verdicts
+
+    meets = [_summary("yolov5n", 0.10), _summary("yolov5n-p2", 0.11), _summary("ffca-yolo-n", 0.111)]
+    (line,) = converged_verdicts(meets, patience=20)
+    assert line.startswith("photos 160 px seed 0 (converged)") and "1.11x yolov5n" in line and line.endswith("meets")
+    short = [_summary("yolov5n", 0.10), _summary("yolov5n-p2", 0.12), _summary("ffca-yolo-n", 0.105)]
+    assert converged_verdicts(short, patience=20)[0].endswith("misses p2 and 1.1x yolov5n")
+    still_rising = [*meets[:2], _summary("ffca-yolo-n", 0.2, epochs=100, best_epoch=85)]
+    assert "not converged: ffca-yolo-n still improved" in converged_verdicts(still_rising, patience=20)[0]
+    running = [*meets[:2], _summary("ffca-yolo-n", 0.05, state="running")]
+    assert "(running)" in converged_verdicts(running, patience=20)[0]
+    assert converged_verdicts(meets[:2], patience=20) == []  # ffca-yolo-n missing: no verdict
+    silent = [_summary("yolov5n", 0.0), _summary("yolov5n-p2", 0.0), _summary("ffca-yolo-n", 0.0)]
+    assert "yolov5n at 0" in converged_verdicts(silent, patience=20)[0]

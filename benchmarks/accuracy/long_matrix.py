@@ -121,6 +121,29 @@ def format_table(rows: list[dict], opt) -> str:
     return "\n".join(lines)
 
 
+def converged_verdicts(rows: list[dict], patience: int) -> list[str]:
+    """Per (kind, size, seed) with all three models: issue 38's converged target (ffca-yolo-n's best
+    mAP50-95 at or above yolov5n-p2's and at least 1.1x yolov5n's), and whether the cell has converged
+    (the best of the three has not improved in its last ``patience`` epochs); a running cell is marked."""
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        cells.setdefault((r["kind"], r["size"], r["seed"]), {})[r["model"]] = r
+    lines = []
+    for (kind, size, seed), by_model in sorted(cells.items()):
+        ffca, p2, v5 = (by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
+        if not (ffca and p2 and v5):
+            continue
+        leader = max((ffca, p2, v5), key=lambda r: r["map"])
+        settled = leader["epochs"] - 1 - leader["best_epoch"] >= patience
+        state = ("running" if any(r["state"] == "running" for r in (ffca, p2, v5))
+                 else "converged" if settled else f"not converged: {leader['model']} still improved within {patience} epochs of its end")
+        misses = [what for what, ok in (("p2", ffca["map"] >= p2["map"]), ("1.1x yolov5n", ffca["map"] >= 1.1 * v5["map"])) if not ok]
+        ratio = f"{ffca['map'] / v5['map']:.2f}x yolov5n" if v5["map"] else "yolov5n at 0"
+        lines.append(f"{kind} {size} px seed {seed} ({state}): ffca-yolo-n {ffca['map']:.4f} vs yolov5n-p2 "
+                     f"{p2['map']:.4f}, {ratio}: " + ("meets" if not misses else "misses " + " and ".join(misses)))
+    return lines
+
+
 def jobs_for(opt, out: Path, generate: bool = True) -> list[dict]:
     """One job per (kind, seed, model); with ``generate`` each cell's data is made first (else not needed)."""
     plain = {"max_epochs": opt.max_epochs, "patience": opt.patience, "batch_size": opt.batch_size,
@@ -167,7 +190,7 @@ def main(argv=None) -> str:
         rows = [row for row in map(report_row, jobs) if row is not None]
     else:
         rows = map_in_workers(run_one, jobs, opt.jobs)
-    report = format_table(rows, opt)
+    report = "\n".join([format_table(rows, opt), "", *converged_verdicts(rows, opt.patience)])
     print(f"\npython -m benchmarks.accuracy.long_matrix --size {opt.size} --kinds {' '.join(opt.kinds)} "
           f"--seeds {' '.join(map(str, opt.seeds))} --max-epochs {opt.max_epochs} --patience {opt.patience} "
           f"--n-train {opt.n_train} --n-val {opt.n_val}\n{report}")

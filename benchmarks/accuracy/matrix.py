@@ -11,7 +11,8 @@ size bands (AI-TOD bands by sqrt(area)). Per run it prints mAP50, mAP50-95, AP50
 the first epoch with mAP50 > 0.001, the train box loss at the first and the last epoch and the
 wall time per epoch; then, per cell, whether ffca-yolo-n meets issue 22's target (first epoch no
 later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's), and, for a cell trained with
-several training seeds, the same target on the medians over them.
+several training seeds, the same target on the medians over them, with issue 38's second start
+condition (no later than yolov5n + 2 where yolov5n starts).
 
     python -m benchmarks.accuracy.matrix --jobs 2 --out runs/accuracy-matrix   # the full matrix (docs/accuracy.md)
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1     # one cell
@@ -191,8 +192,10 @@ def target_verdicts(rows: list[dict]) -> list[str]:
 
 def spread_verdicts(rows: list[dict]) -> list[str]:
     """Per data cell where ffca-yolo-n and yolov5n-p2 trained with several training seeds: every run's
-    first epoch, and the target applied to the medians (the upper median for an even count; "never"
-    counts as latest). The end condition is judged only where yolov5n ran too."""
+    first epoch, and issue 38's start target applied to the medians (the upper median for an even count;
+    "never" counts as latest): ffca-yolo-n starts no later than yolov5n-p2 + 2 epochs and, where yolov5n's
+    median run starts, no later than yolov5n + 2. The end condition (mAP50-95 at or above yolov5n's) is
+    judged only where yolov5n ran too."""
     runs: dict[tuple, dict[str, list]] = {}
     for r in rows:
         runs.setdefault((r["kind"], r["size"], r["seed"]), {}).setdefault(r["model"], []).append(r)
@@ -201,14 +204,16 @@ def spread_verdicts(rows: list[dict]) -> list[str]:
         ffca, p2, v5 = (sorted(by_model.get(m, []), key=train_seed) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
         if min(len(ffca), len(p2)) < 2:
             continue
-        start = {name: median_first(model_runs) for name, model_runs in (("ffca", ffca), ("p2", p2))}
+        start = {name: median_first(model_runs) for name, model_runs in (("ffca", ffca), ("p2", p2), ("v5", v5)) if model_runs}
         ffca_end = statistics.median_high(r["map"] for r in ffca)
         checks = [("start", start["ffca"][1] <= start["p2"][1] + 2)]
         end = "yolov5n not run, end not judged"
         if v5:
             v5_end = statistics.median_high(r["map"] for r in v5)
+            if start["v5"][1] != NEVER:
+                checks.append(("start vs yolov5n", start["ffca"][1] <= start["v5"][1] + 2))
             checks.append(("end", ffca_end >= v5_end))
-            end = f"median mAP50-95 {ffca_end:.4f} vs yolov5n {v5_end:.4f}"
+            end = f"yolov5n {start['v5'][0]}; median mAP50-95 {ffca_end:.4f} vs yolov5n {v5_end:.4f}"
         misses = [what for what, ok in checks if not ok]
         lines.append(f"{kind} {size} px seed {seed} over {len(ffca)} training seeds: first epoch ffca-yolo-n "
                      f"{start['ffca'][0]} vs yolov5n-p2 {start['p2'][0]}; {end}: "
