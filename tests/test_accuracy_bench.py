@@ -71,6 +71,7 @@ def test_target_verdicts_apply_both_conditions():
     late = [_row("yolov5n", 9, 0.010), _row("yolov5n-p2", 5, 0.02), _row("ffca-yolo-n", 8, 0.5)]
     assert "misses start" in target_verdicts(late)[0]
     never = [_row("yolov5n", None, 0.0), _row("yolov5n-p2", 4, 0.02), _row("ffca-yolo-n", None, 0.0)]
+    assert "(first epoch never vs p2 4;" in target_verdicts(never)[0]
     assert "misses start" in target_verdicts(never)[0] and "end" not in target_verdicts(never)[0].split(":")[1].split("(")[0]
     silent = [_row("yolov5n", None, 0.0), _row("yolov5n-p2", None, 0.0), _row("ffca-yolo-n", None, 0.0)]
     assert "no model reached" in target_verdicts(silent)[0]

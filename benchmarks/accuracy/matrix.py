@@ -185,7 +185,7 @@ def target_verdicts(rows: list[dict]) -> list[str]:
         starts = (ffca["first"] or NEVER) <= (p2["first"] or NEVER) + 2
         ends = ffca["map"] >= v5["map"]
         verdict = "meets" if starts and ends else "misses" + (" start" if not starts else "") + (" end" if not ends else "")
-        lines.append(f"{cell}: {verdict} (first epoch {ffca['first']} vs p2 {p2['first']}; "
+        lines.append(f"{cell}: {verdict} (first epoch {ffca['first'] or 'never'} vs p2 {p2['first'] or 'never'}; "
                      f"mAP50-95 {ffca['map']:.4f} vs yolov5n {v5['map']:.4f})")
     return lines
 
