@@ -192,3 +192,30 @@ def test_separability_cells_and_epoch_order(tmp_path):
     assert cells[4][0].shape[1] == 64 and len(bg) > len(objects)
     with pytest.raises(ValueError, match=r"--layers 99: this model's feature rows are 0-21"):
         check_layers(model, [2, 99])
+
+
+def test_a_run_interrupted_midway_is_trained_again_from_an_empty_folder(tmp_path, monkeypatch):
+    """train.py appends to an existing results.csv: a rerun must not count the interrupted run's epochs."""
+    import train
+    from benchmarks.accuracy import matrix
+
+    job = {"kind": "glyphs", "size": 64, "seed": 0, "model": "yolov5n", "data": "d.yaml", "out": str(tmp_path),
+           "cfg": "m.yaml", "opt": {"epochs": 3, "batch_size": 16, "hyp": "h.yaml"}}
+    folder = tmp_path / "runs" / matrix.run_name(job)
+    folder.mkdir(parents=True)
+    header = "epoch,train/box_loss,metrics/mAP_0.5,metrics/mAP_0.5:0.95\n"
+    (folder / "results.csv").write_text(header + "0,0.2,0.5,0.3\n")  # the interrupted run's one epoch
+    assert matrix.finished_row(job) is None
+
+    def fake_run(**kwargs):
+        path = folder / "results.csv"
+        old = path.read_text() if path.exists() else header
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(old + "".join(f"{e},0.1,{0.002 * e},0.001\n" for e in range(3)))
+        return (0, 0, 0.004, 0.001)
+
+    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(matrix, "size_band_ap", lambda *args: {})
+    row = matrix.train_one(job)
+    assert len(matrix.results_rows(folder / "results.csv")) == 3
+    assert row["first"] == 2  # epoch index 1 (mAP50 0.002) is the first above 0.001; 1-based 2

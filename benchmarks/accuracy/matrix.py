@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -129,7 +130,8 @@ def train_one(job: dict) -> dict:
     """Train one model in one cell (runs in a worker process); return its row of the table.
 
     A run that already finished under the same ``--out`` is not trained again, so an interrupted
-    matrix continues where it stopped.
+    matrix continues where it stopped; the folder of a run interrupted midway is cleared first, since
+    train.py would append the new epochs to its results.csv.
     """
     import torch
 
@@ -140,6 +142,7 @@ def train_one(job: dict) -> dict:
         return row
     torch.set_num_threads(1)
     out, opt = Path(job["out"]), job["opt"]
+    shutil.rmtree(out / "runs" / run_name(job), ignore_errors=True)
     t0 = time.perf_counter()
     results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
                         batch_size=opt["batch_size"], workers=0, seed=train_seed(job), project=str(out / "runs"),
