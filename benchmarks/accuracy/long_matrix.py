@@ -28,7 +28,7 @@ import shutil
 import time
 from pathlib import Path
 
-from benchmarks.accuracy.matrix import BANDS, DEFAULT_MODELS, KINDS, make_data
+from benchmarks.accuracy.matrix import BANDS, DEFAULT_MODELS, KINDS, compared_cells, make_data
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
@@ -128,18 +128,15 @@ def converged_verdicts(rows: list[dict], patience: int) -> list[str]:
     """Per (kind, size, seed) with all three models: issue 38's converged target (ffca-yolo-n's best
     mAP50-95 at or above yolov5n-p2's and at least 1.1x yolov5n's), and whether the cell has converged
     (the best of the three has not improved in its last ``patience`` epochs); a running cell is marked."""
-    cells: dict[tuple, dict] = {}
-    for r in rows:
-        cells.setdefault((r["kind"], r["size"], r["seed"]), {})[r["model"]] = r
     lines = []
-    for (kind, size, seed), by_model in sorted(cells.items()):
-        ffca, p2, v5 = (by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
-        if not (ffca and p2 and v5):
-            continue
+    for (kind, size, seed), ffca, p2, v5 in compared_cells(rows, lambda r: (r["kind"], r["size"], r["seed"])):
         leader = max((ffca, p2, v5), key=lambda r: r["map"])
-        settled = leader["epochs"] - 1 - leader["best_epoch"] >= patience
-        state = ("running" if any(r["state"] == "running" for r in (ffca, p2, v5))
-                 else "converged" if settled else f"not converged: {leader['model']} still improved within {patience} epochs of its end")
+        if any(r["state"] == "running" for r in (ffca, p2, v5)):
+            state = "running"
+        elif leader["epochs"] - 1 - leader["best_epoch"] >= patience:
+            state = "converged"
+        else:
+            state = f"not converged: {leader['model']} still improved within {patience} epochs of its end"
         misses = [what for what, ok in (("p2", ffca["map"] >= p2["map"]), ("1.1x yolov5n", ffca["map"] >= 1.1 * v5["map"])) if not ok]
         ratio = f"{ffca['map'] / v5['map']:.2f}x yolov5n" if v5["map"] else "yolov5n at 0"
         lines.append(f"{kind} {size} px seed {seed} ({state}): ffca-yolo-n {ffca['map']:.4f} vs yolov5n-p2 "

@@ -169,17 +169,21 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compared_cells(rows: list[dict], key) -> list[tuple]:
+    """``(key, ffca-yolo-n row, yolov5n-p2 row, yolov5n row)`` per ``key(row)`` group that has all three
+    models, in key order."""
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        cells.setdefault(key(r), {})[r["model"]] = r
+    picked = [(k, *(by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))) for k, by_model in sorted(cells.items())]
+    return [cell for cell in picked if all(cell[1:])]
+
+
 def target_verdicts(rows: list[dict]) -> list[str]:
     """Per cell and training seed: does ffca-yolo-n start no later than yolov5n-p2 + 2 epochs and end >=
     yolov5n in mAP50-95?"""
-    cells: dict[tuple, dict] = {}
-    for r in rows:
-        cells.setdefault((r["kind"], r["size"], r["seed"], train_seed(r)), {})[r["model"]] = r
     lines = []
-    for (kind, size, _, _), by_model in sorted(cells.items()):
-        ffca, p2, v5 = (by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
-        if not (ffca and p2 and v5):
-            continue
+    for (kind, size, _, _), ffca, p2, v5 in compared_cells(rows, lambda r: (r["kind"], r["size"], r["seed"], train_seed(r))):
         cell = f"{kind} {size} px seed {seed_label(ffca)}"
         if not any(r["first"] for r in (ffca, p2, v5)):
             lines.append(f"{cell}: no model reached mAP50 > {START_MAP50}; the budget "
