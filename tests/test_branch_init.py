@@ -46,6 +46,12 @@ def test_shipped_ffca_models_start_every_branch_at_zero_and_published_starts_non
     assert all(torch.equal(a, b) for a, b in zip(default.state_dict().values(), zeroinit.state_dict().values()))
 
 
+def test_scamzero_variant_keeps_fems_published_init_and_zeroes_only_scam(tmp_path):
+    model = Model(variant_yaml("ffca-yolo-n-scamzero", tmp_path), nc=10)
+    assert _scam_and_fem_inits(model) == [False, False, True, True, True]  # FEM rows 3 and 6, then 3 SCAMs
+    assert sum(p.numel() for p in model.parameters()) == 594_177
+
+
 def test_default_starts_scam_as_identity_and_fem_as_its_shortcut():
     torch.manual_seed(0)
     x = torch.randn(2, 16, 8, 8)

@@ -2,9 +2,10 @@
 
 Each ablation replaces rows of ``models/ffca-yolo-n.yaml`` in place (so layer indices and every
 other row stay the same): FEM -> ``nn.Identity``, SCAM -> ``nn.Identity``, FFM_Concat -> Concat.
-``ffca-yolo-n-zeroinit`` and ``ffca-yolo-n-published`` keep every row and only pass the ``init`` argument
-``zero_last`` (the default since issue 38) or ``published`` to FEM and SCAM rows (same layers and
-parameters; models/ffca.py).
+``ffca-yolo-n-zeroinit``, ``ffca-yolo-n-published`` and ``ffca-yolo-n-scamzero`` keep every row and only
+pass the ``init`` argument to the FEM and SCAM rows: ``zero_last`` (the default since issue 38) to both,
+``published`` to both, or ``published`` to FEM and ``zero_last`` to SCAM (same layers and parameters;
+models/ffca.py).
 """
 
 from __future__ import annotations
@@ -28,20 +29,25 @@ ABLATIONS = {
     "ffca-yolo-n-noFEM": {"FEM": "nn.Identity"},
     "ffca-yolo-n-concat": {"FFM_Concat2": "Concat", "FFM_Concat3": "Concat"},
 }
-BRANCH_INIT_VARIANTS = {"ffca-yolo-n-zeroinit": "zero_last", "ffca-yolo-n-published": "published"}
+BRANCH_INIT_VARIANTS = {  # name: (FEM init, SCAM init)
+    "ffca-yolo-n-zeroinit": ("zero_last", "zero_last"),
+    "ffca-yolo-n-published": ("published", "published"),
+    "ffca-yolo-n-scamzero": ("published", "zero_last"),
+}
 VARIANTS = sorted(MODELS) + sorted(ABLATIONS) + sorted(BRANCH_INIT_VARIANTS)  # every name variant_yaml builds
 
 
-def with_branch_init(cfg: dict, init: str) -> dict:
-    """Copy of a model YAML dict whose FEM and SCAM rows pass ``init`` (FEM's other arguments at their defaults)."""
+def with_branch_init(cfg: dict, fem_init: str, scam_init: str) -> dict:
+    """Copy of a model YAML dict whose FEM rows pass ``fem_init`` (FEM's other arguments at their defaults)
+    and whose SCAM rows pass ``scam_init``."""
     fem_defaults = [p.default for p in inspect.signature(FEM).parameters.values()][2:-1]  # scale, map_reduce, dilation
     out = deepcopy(cfg)
     for section in ("backbone", "head"):
         for row in out[section]:
             if row[2] == "FEM":
-                row[3] = [*row[3][:1], *fem_defaults, init]
+                row[3] = [*row[3][:1], *fem_defaults, fem_init]
             elif row[2] == "SCAM":
-                row[3] = [init]
+                row[3] = [scam_init]
     return out
 
 
@@ -68,7 +74,7 @@ def variant_yaml(name: str, out_dir: Path, lffca_scale: tuple[float, float] = (0
     if name in ABLATIONS:
         cfg = swap_modules(yaml_load(MODELS["ffca-yolo-n"]), ABLATIONS[name])
     elif name in BRANCH_INIT_VARIANTS:
-        cfg = with_branch_init(yaml_load(MODELS["ffca-yolo-n"]), BRANCH_INIT_VARIANTS[name])
+        cfg = with_branch_init(yaml_load(MODELS["ffca-yolo-n"]), *BRANCH_INIT_VARIANTS[name])
     elif name == "l-ffca-yolo" and lffca_scale:
         cfg = scaled(yaml_load(MODELS[name]), *lffca_scale)
     elif name in MODELS:
