@@ -17,8 +17,11 @@ augmentation) goes forward and backward in training mode, and the command prints
   statistics are from the statistics of the batch (the mismatch validation sees).
 
     python -m benchmarks.accuracy.module_stats --out runs/module-stats     # trains both models, ~20 min
+    python -m benchmarks.accuracy.module_stats --trained runs/x/weights/best.pt   # measures only, seconds
 
-With ``--out`` the runs are kept and a second call only measures.
+With ``--out`` the runs are kept and a second call only measures. ``--trained`` trains nothing: it prints
+the FFCA-module lines for the weights each checkpoint validates (the EMA), on a batch of its own
+training data at its own image size.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from utils.errors import UserError, exit_on_user_error
 from utils.files import yaml_load
 from utils.loss import ComputeLoss, scale_loss_gains
 from utils.options import OptionRules
-from utils.training.checkpoints import float_weights, load_checkpoint
+from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
@@ -103,6 +106,18 @@ def model_at(weights: Path, epoch: int | None, seed: int) -> Model:
     model = Model(ckpt["model_cfg"], nc=ckpt.get("nc"))
     model.load_state_dict(state)
     return model
+
+
+def trained_model(path: Path) -> tuple[Model, Path, int]:
+    """The weights a train.py checkpoint validates (its EMA), the data YAML it trained on and its image size."""
+    ckpt = load_checkpoint(path)
+    opt = ckpt.get("opt") or {}
+    if not opt.get("data") or not opt.get("imgsz"):
+        raise UserError(f"{path}: the checkpoint does not record its training data and image size (opt.data, "
+                        "opt.imgsz); pass a last.pt or best.pt that train.py wrote")
+    model = Model(ckpt["model_cfg"], nc=ckpt.get("nc"))
+    model.load_state_dict(inference_weights(ckpt, path))
+    return model, Path(opt["data"]), int(opt["imgsz"])
 
 
 def fresh_variant(name: str, out: Path, seed: int, anchors_from: Path) -> Model:
@@ -173,7 +188,8 @@ def fem_identity(layer: FEM, x: torch.Tensor) -> str:
         hook.remove()
     shortcut = layer.shortcut(x)
     branch = layer.scale * captured["project"]
-    return (f"branch/shortcut RMS {rms(branch) / rms(shortcut):.3f}, zeroed by ReLU {float((y == 0).float().mean()):.2f}, "
+    return (f"branch/shortcut RMS {rms(branch) / rms(shortcut):.4f} (projection BN mean |gamma| "
+            f"{float(layer.project.bn.weight.abs().mean()):.4f}), zeroed by ReLU {float((y == 0).float().mean()):.2f}, "
             f"input read-out R^2 {readout_r2(x, y):.3f}")
 
 
@@ -304,6 +320,8 @@ def parse_opt(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "module-stats", help="runs and data are kept here")
     p.add_argument("--also-init", nargs="+", default=[], choices=VARIANTS,
                    help="also compare these variants, freshly initialised (not trained), with yolov5n-p2 at init")
+    p.add_argument("--trained", type=Path, nargs="+", default=[],
+                   help="train nothing: print the FFCA modules' lines for these train.py checkpoints")
     opt = parse_checked(p, RULES, argv)
     off = [e for e in opt.epochs_at if e % opt.save_period]
     if off:
@@ -311,10 +329,21 @@ def parse_opt(argv=None):
     return opt
 
 
+def print_trained(checkpoints: list[Path], batch: int) -> None:
+    for path in checkpoints:
+        model, data, imgsz = trained_model(path)
+        imgs, _ = fixed_batch(data, imgsz, batch)
+        print(f"\n{path}: FFCA modules (EMA weights, {batch} training images of {data.name} at {imgsz} px)\n"
+              + "\n".join(module_identity(model, imgs)))
+
+
 @exit_on_user_error
 def main(argv=None) -> None:
     opt = parse_opt(argv)
     torch.set_num_threads(1)
+    if opt.trained:
+        print_trained(opt.trained, opt.batch)
+        return
     out = opt.out.resolve()
     data = make_data(opt.kind, opt.size, opt.seed, opt.n_train, opt.n_val, out)
     imgs, targets = fixed_batch(data, opt.size, opt.batch)
