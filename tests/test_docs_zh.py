@@ -97,6 +97,31 @@ def test_relative_links_resolve(page):
         assert (path.parent / target).exists(), f"{page}: link {target} points at nothing"
 
 
+def heading_anchors(markdown: str) -> set:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to hyphens, repeats -1, -2."""
+    seen, anchors = {}, set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", re.sub(r"```.*?```", "", markdown, flags=re.S), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_heading_anchors_follow_github():
+    text = "# A title\n## Issue 38: the `--x` flag (new)\n```\n# not a heading\n```\n## A title\n"
+    assert heading_anchors(text) == {"a-title", "issue-38-the---x-flag-new", "a-title-1"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_link_anchors_name_a_heading(page):
+    """A link to ``page.md#anchor`` or ``#anchor`` lands on a heading of that page."""
+    path = ROOT / page
+    for target, anchor in re.findall(r"\]\(([^)#:\s]*)#([^)\s]+)\)", path.read_text(encoding="utf-8")):
+        linked = (path.parent / target) if target else path
+        if linked.suffix == ".md":
+            assert anchor in heading_anchors(linked.read_text(encoding="utf-8")), f"{page}: link {target}#{anchor} names no heading"
+
+
 @pytest.mark.parametrize("index", ["README.md", "docs/README.md"])
 def test_the_readme_and_the_handbook_index_link_every_doc_page(index):
     text = (ROOT / index).read_text(encoding="utf-8")
