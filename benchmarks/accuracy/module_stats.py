@@ -41,6 +41,7 @@ from torch import nn
 from benchmarks.accuracy.matrix import KINDS, make_data
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import parse_checked, parser_for
+from models.experimental import stored_model
 from models.ffca import FEM, SCAM, _WeightedConcat
 from models.yolo import Model
 from utils.dataloaders import create_dataloader
@@ -115,9 +116,7 @@ def trained_model(path: Path) -> tuple[Model, Path, int]:
     if not opt.get("data") or not opt.get("imgsz"):
         raise UserError(f"{path}: the checkpoint does not record its training data and image size (opt.data, "
                         "opt.imgsz); pass a last.pt or best.pt that train.py wrote")
-    model = Model(ckpt["model_cfg"], nc=ckpt.get("nc"))
-    model.load_state_dict(inference_weights(ckpt, path))
-    return model, Path(opt["data"]), int(opt["imgsz"])
+    return stored_model(ckpt, inference_weights(ckpt, path), path), Path(opt["data"]), int(opt["imgsz"])
 
 
 def fresh_variant(name: str, out: Path, seed: int, anchors_from: Path) -> Model:
