@@ -33,10 +33,11 @@ from torch.nn import functional as F
 from models.common import C3, Conv
 
 FFM_ARITHMETICS = ("fixed", "authors")  # FFM_Concat2/3 weighting; see _WeightedConcat
-# How FEM and SCAM initialise their residual branch (a YAML row argument). 'zero_last' (the default)
-# zeroes the branch's last scale so the module starts as its shortcut (Goyal et al. 2017; timm's
-# zero_init_last): the published init triples the backbone's gradient at the start, and starting at zero
-# ended higher after 30 epochs in 11 of 12 matrix cells (docs/accuracy.md). 'published' keeps the authors'.
+# How FEM and SCAM initialise their residual branch (a YAML row argument). 'zero_last' zeroes the branch's
+# last scale so the module starts as its shortcut (Goyal et al. 2017; timm's zero_init_last); 'published'
+# keeps the authors'. SCAM defaults to 'zero_last': its published branch triples the backbone's gradient at
+# the start. FEM defaults to 'published': its branch is already 0.1 of its shortcut, and a zeroed BatchNorm
+# scale stays under 0.002 for 100 epochs, so its dilated branches would never be used (docs/accuracy.md).
 BRANCH_INITS = ("zero_last", "published")
 
 
@@ -114,12 +115,12 @@ class FEM(nn.Module):
     Three branches on ``i = c1 // map_reduce`` channels (plain 3x3; 1x3/3x1 then dilated 3x3;
     3x1/1x3 then dilated 3x3), each ``2i`` wide, concatenated (``6i``) and projected to ``c2``;
     output ``ReLU(scale * projection + shortcut(x))``. Every conv is bias-free with BatchNorm,
-    ReLU after all but the last conv of each branch. ``init='zero_last'`` (default) starts the
-    projection's BatchNorm scale at 0, so FEM starts as ``ReLU(shortcut(x))``; ``'published'`` does not.
+    ReLU after all but the last conv of each branch. ``init='published'`` (default) is the authors';
+    ``'zero_last'`` starts the projection's BatchNorm scale at 0, so FEM starts as ``ReLU(shortcut(x))``.
     """
 
     def __init__(self, c1: int, c2: int, scale: float = 0.1, map_reduce: int = 8, dilation: int = 5,
-                 init: str = "zero_last"):
+                 init: str = "published"):
         super().__init__()
         _check_branch_init("FEM", init)
         i = c1 // map_reduce

@@ -21,7 +21,7 @@ def _fem_lines(out: str) -> list[str]:
 
 
 def test_trained_reports_fem_branch_and_its_batchnorm_scale(shapes_data, tmp_path, capsys):
-    zero = _checkpoint(tmp_path / "zero.pt", "models/ffca-yolo-n.yaml", shapes_data)
+    zero = _checkpoint(tmp_path / "zero.pt", variant_yaml("ffca-yolo-n-zeroinit", tmp_path), shapes_data)
     published = _checkpoint(tmp_path / "published.pt", variant_yaml("ffca-yolo-n-published", tmp_path), shapes_data)
     module_stats.main(["--trained", str(zero), str(published), "--batch", "4"])
     out = capsys.readouterr().out

@@ -3,9 +3,9 @@
 Each ablation replaces rows of ``models/ffca-yolo-n.yaml`` in place (so layer indices and every
 other row stay the same): FEM -> ``nn.Identity``, SCAM -> ``nn.Identity``, FFM_Concat -> Concat.
 ``ffca-yolo-n-zeroinit``, ``ffca-yolo-n-published`` and ``ffca-yolo-n-scamzero`` keep every row and only
-pass the ``init`` argument to the FEM and SCAM rows: ``zero_last`` (the default since issue 38) to both,
-``published`` to both, or ``published`` to FEM and ``zero_last`` to SCAM (same layers and parameters;
-models/ffca.py).
+pass the ``init`` argument to the FEM and SCAM rows: ``zero_last`` to both (the default of issue 38's
+first round), ``published`` to both, or ``published`` to FEM and ``zero_last`` to SCAM (today's default;
+same layers and parameters; models/ffca.py).
 """
 
 from __future__ import annotations
