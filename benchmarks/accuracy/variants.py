@@ -2,10 +2,10 @@
 
 Each ablation replaces rows of ``models/ffca-yolo-n.yaml`` in place (so layer indices and every
 other row stay the same): FEM -> ``nn.Identity``, SCAM -> ``nn.Identity``, FFM_Concat -> Concat.
-``ffca-yolo-n-zeroinit``, ``ffca-yolo-n-published`` and ``ffca-yolo-n-scamzero`` keep every row and only
-pass the ``init`` argument to the FEM and SCAM rows: ``zero_last`` to both (the default of issue 38's
-first round), ``published`` to both, or ``published`` to FEM and ``zero_last`` to SCAM (today's default;
-same layers and parameters; models/ffca.py).
+``ffca-yolo-n-zeroinit`` and ``ffca-yolo-n-published`` keep every row and only pass the ``init`` argument
+to the FEM and SCAM rows: ``zero_last`` to both (the default of issue 38's first round) or ``published`` to
+both (the authors'). The default, ``ffca-yolo-n`` itself, is ``published`` for FEM and ``zero_last`` for
+SCAM (same layers and parameters; models/ffca.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ ABLATIONS = {
 BRANCH_INIT_VARIANTS = {  # name: (FEM init, SCAM init)
     "ffca-yolo-n-zeroinit": ("zero_last", "zero_last"),
     "ffca-yolo-n-published": ("published", "published"),
-    "ffca-yolo-n-scamzero": ("published", "zero_last"),
 }
 VARIANTS = sorted(MODELS) + sorted(ABLATIONS) + sorted(BRANCH_INIT_VARIANTS)  # every name variant_yaml builds
 
