@@ -106,3 +106,29 @@ def test_the_matrix_refuses_before_generating_data(argv, flag, tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and err == [f"ERROR: {flag} 0: must be a positive integer"]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("benchmarks.accuracy.matrix", ["--kinds", "photos", "--sizes", "160", "17"]),
+    ("benchmarks.accuracy.matrix", ["--sizes", "200"]),
+    ("benchmarks.accuracy.long_matrix", ["--size", "32"]),
+    ("benchmarks.accuracy.vs_authors", ["--authors", "x", "--size", "100"])])
+def test_an_image_size_the_generators_or_models_cannot_take_is_one_line(command, argv, tmp_path, capsys, no_work):
+    bad = argv[-1]
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(command).main([*argv, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"ERROR: {argv[-2] if argv[-2].startswith('--') else '--sizes'} {bad}: must be a multiple "
+                             "of 32") and "at least 64" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_kind_generates_at_the_smallest_size_the_check_lets_through(tmp_path):
+    from benchmarks.accuracy.matrix import KINDS, MIN_SIZE, check_image_sizes, make_data
+
+    check_image_sizes("--sizes", [MIN_SIZE, 160, 256, 320])
+    for kind in KINDS:
+        data = make_data(kind, MIN_SIZE, 0, 2, 1, tmp_path)
+        labels = sorted((data.parent / data.stem / "labels").rglob("*.txt"))
+        assert len(labels) == 3 and all(f.read_text().strip() for f in labels), kind  # objects in every image

@@ -63,8 +63,9 @@ def test_each_side_runs_its_train_py_with_its_hyp(tmp_path, side, folder_is_thei
 
 
 def test_sides_selects_the_runs_each_cell_gets(tmp_path, monkeypatch, capsys):
-    planned = []
+    planned, import_checks = [], []
     monkeypatch.setattr(vs_authors, "working_copy", lambda authors, out: out / "authors-code")
+    monkeypatch.setattr(vs_authors, "check_their_imports", lambda code, site: import_checks.append(code))
     monkeypatch.setattr(vs_authors, "make_data", lambda kind, size, seed, n_train, n_val, out: out / f"{kind}{seed}.yaml")
     monkeypatch.setattr(vs_authors, "map_in_workers", lambda fn, jobs, n: planned.extend(jobs) or [])
     vs_authors.main(["--authors", str(tmp_path), "--kinds", "photos", "glyphs", "--seeds", "0", "1",
@@ -74,6 +75,9 @@ def test_sides_selects_the_runs_each_cell_gets(tmp_path, monkeypatch, capsys):
     planned.clear()
     vs_authors.main(["--authors", str(tmp_path), "--out", str(tmp_path / "out")])
     assert [j["side"] for j in planned] == list(vs_authors.SIDES.values())
+    assert len(import_checks) == 2  # their imports are checked whenever their side runs
+    vs_authors.main(["--authors", str(tmp_path), "--sides", "ours-paper", "--out", str(tmp_path / "out")])
+    assert len(import_checks) == 2
 
 
 def test_an_unknown_side_is_refused_in_one_line(tmp_path, capsys):
@@ -81,3 +85,31 @@ def test_an_unknown_side_is_refused_in_one_line(tmp_path, capsys):
         vs_authors.main(["--authors", str(tmp_path), "--sides", "theirs", "--out", str(tmp_path / "out")])
     assert stop.value.code == 2
     assert "--sides: invalid choice: 'theirs'" in capsys.readouterr().err
+
+
+def test_a_missing_site_folder_is_refused_before_anything_is_made(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        vs_authors.main(["--authors", str(tmp_path), "--site", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--site" in err and "nowhere: no such folder" in err and "pip install" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_their_train_py_that_does_not_import_is_one_line_naming_the_module(tmp_path):
+    code = tmp_path / "out" / "authors-code"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text("import a_package_their_code_needs\n")
+    with pytest.raises(UserError, match=r"--site \(not given\): .*No module named 'a_package_their_code_needs'.*"
+                                        r"pip install --no-deps --target SITE"):
+        vs_authors.check_their_imports(code, None)
+
+
+def test_site_is_on_their_path_when_their_train_py_imports(tmp_path):
+    site = tmp_path / "site"
+    (site / "a_package_their_code_needs").mkdir(parents=True)
+    (site / "a_package_their_code_needs" / "__init__.py").write_text("")
+    code = tmp_path / "out" / "authors-code"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text("import a_package_their_code_needs\n")
+    vs_authors.check_their_imports(code, str(site))

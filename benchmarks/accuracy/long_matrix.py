@@ -28,7 +28,7 @@ import shutil
 import time
 from pathlib import Path
 
-from benchmarks.accuracy.matrix import BANDS, DEFAULT_MODELS, KINDS, compared_cells, make_data
+from benchmarks.accuracy.matrix import BANDS, DEFAULT_MODELS, KINDS, check_image_sizes, compared_cells, make_data
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
@@ -178,7 +178,9 @@ def parse_opt(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     p.add_argument("--out", type=Path, required=True, help="data and runs; the same --out continues the matrix")
     p.add_argument("--report-only", action="store_true", help="train nothing: report finished and running runs")
-    return parse_checked(p, RULES, argv)
+    opt = parse_checked(p, RULES, argv)
+    check_image_sizes("--size", [opt.size])
+    return opt
 
 
 @exit_on_user_error

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
-from utils.errors import exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +48,8 @@ BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD ba
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
 KINDS = ("shapes", "glyphs", "photos")
 DEFAULT_KINDS = ("shapes", "glyphs")  # the matrix of docs/accuracy.md; photos came later
+MIN_SIZE = 64  # the smallest image every kind's generator can place its largest objects in
+SIZE_STEP = 32  # the models' largest stride: train.py would round any other size, and the table would misname it
 START_MAP50 = 0.001  # "has started to detect": mAP50 above this
 NEVER = 10 ** 6  # first epoch of a run that never started: later than any real one
 
@@ -258,6 +260,14 @@ RULES = OptionRules(positive=("sizes", "epochs", "batch_size", "n_train", "n_val
                      non_negative=("seeds", "train_seeds"))
 
 
+def check_image_sizes(flag: str, sizes: list) -> None:
+    """One UserError line for the first size the generators or the models cannot take as it is."""
+    for size in sizes:
+        if size < MIN_SIZE or size % SIZE_STEP:
+            raise UserError(f"{flag} {size}: must be a multiple of {SIZE_STEP} (the models' largest stride) and at "
+                            f"least {MIN_SIZE} (room for the largest generated objects), e.g. 160")
+
+
 def parse_opt(argv=None) -> argparse.Namespace:
     p = parser_for("benchmarks.accuracy.matrix", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
@@ -278,6 +288,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: report the runs that finished under --out (an interrupted or running matrix)")
     opt = parse_checked(p, RULES, argv)
+    check_image_sizes("--sizes", opt.sizes)
     if opt.report_only and opt.out is None:
         p.error("--report-only needs --out, the folder of the matrix to report")
     return opt

@@ -32,14 +32,13 @@ recipe), so ``--sides authors`` adds the authors' runs to a finished matrix.
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.accuracy.matrix import KINDS, make_data, results_rows
+from benchmarks.accuracy.matrix import KINDS, check_image_sizes, make_data, results_rows
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from benchmarks.peers import offline_config_folder
 from utils.errors import UserError, exit_on_user_error
@@ -81,6 +80,26 @@ def working_copy(authors: Path, out: Path) -> Path:
         path.write_text(text.replace(original, replacement, 1))
     offline_config_folder(out / "authors-config")
     return copy
+
+
+def authors_env(code: Path, site: str | None) -> dict:
+    """The environment their train.py runs in: one thread, their ``torch.load``, our offline font, ``--site``."""
+    # their dataset check fetches Arial.ttf; a font file of the right name in their config folder stops that
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+           "YOLOV5_CONFIG_DIR": str(code.parent / "authors-config")}
+    if site:
+        env["PYTHONPATH"] = site
+    return env
+
+
+def check_their_imports(code: Path, site: str | None) -> None:
+    """Import their train.py once, so a missing package is one line before any run rather than a failed run."""
+    done = subprocess.run([sys.executable, "-c", "import train"], cwd=code, env=authors_env(code, site),
+                          capture_output=True, text=True)
+    if done.returncode:
+        cause = (done.stderr.strip().splitlines() or ["exited " + str(done.returncode)])[-1]
+        raise UserError(f"--site {site or '(not given)'}: the authors' train.py does not import ({cause}); "
+                        "pip install --no-deps --target SITE psutil seaborn 'setuptools<81' and pass --site SITE")
 
 
 def train_command(job: dict) -> tuple[list, Path]:
@@ -133,11 +152,8 @@ def train_one(job: dict) -> dict:
     if row_file.exists():
         return json.loads(row_file.read_text())
     cmd, folder = train_command(job)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
-    if job["side"] == "authors":
-        # their dataset check fetches Arial.ttf; a font file of the right name in their config folder stops that
-        env.update(YOLOV5_CONFIG_DIR=str(Path(job["authors_code"]).parent / "authors-config"),
-                   **({"PYTHONPATH": job["site"]} if job["site"] else {}))
+    theirs = job["side"] == "authors"
+    env = authors_env(Path(job["authors_code"]), job["site"]) if theirs else {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], cwd=folder, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -179,11 +195,17 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
     p.add_argument("--out", required=True, help="data, the authors' working copy and runs; finished runs are reused")
     args = parse_checked(p, RULES, argv)
+    check_image_sizes("--size", [args.size])
     out = Path(args.out).resolve()
     if not Path(args.cfg).is_file():
         raise UserError(f"--cfg {args.cfg}: no such model YAML")
+    if args.site and not Path(args.site).is_dir():
+        raise UserError(f"--site {args.site}: no such folder; pip install --no-deps --target {args.site} psutil "
+                        "seaborn 'setuptools<81' makes it")
     code = working_copy(Path(args.authors).resolve(), out)
     site = str(Path(args.site).resolve()) if args.site else None
+    if "authors" in args.sides:
+        check_their_imports(code, site)
     jobs = [{"out": str(out), "authors_code": str(code), "site": site, "cfg": str(Path(args.cfg).resolve()), "kind": kind,
              "size": args.size, "seed": seed, "epochs": args.epochs, "side": side,
              "data": str(make_data(kind, args.size, seed, args.n_train, args.n_val, out))}
