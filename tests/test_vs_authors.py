@@ -96,6 +96,7 @@ def test_a_missing_site_folder_is_refused_before_anything_is_made(tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_their_train_py_that_does_not_import_is_one_line_naming_the_module(tmp_path):
     code = tmp_path / "out" / "authors-code"
     code.mkdir(parents=True)
@@ -105,6 +106,7 @@ def test_their_train_py_that_does_not_import_is_one_line_naming_the_module(tmp_p
         vs_authors.check_their_imports(code, None)
 
 
+@pytest.mark.slow
 def test_site_is_on_their_path_when_their_train_py_imports(tmp_path):
     site = tmp_path / "site"
     (site / "a_package_their_code_needs").mkdir(parents=True)
