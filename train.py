@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers"),
                           files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),))
-RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger"}
+RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience"}
 
 
 def resolve_options(opt, argv=None):

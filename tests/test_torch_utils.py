@@ -257,6 +257,19 @@ def test_early_stopping_and_resume():
     assert resumed.state_dict() == stopper.state_dict()
 
 
+def test_a_resume_may_change_the_patience():
+    stopper = EarlyStopping(patience=2)
+    assert not any(stopper(epoch, f) for epoch, f in enumerate([0.1, 0.3, 0.2]))
+    assert stopper.possible_stop  # one more epoch without a new best stops it
+    never, later = EarlyStopping(patience=0), EarlyStopping(patience=4)
+    for resumed in (never, later):
+        resumed.load_state_dict(stopper.state_dict())
+        assert not resumed.possible_stop
+    assert not any(never(epoch, 0.1) for epoch in range(3, 40))
+    assert [later(epoch, 0.1) for epoch in (3, 4, 5)] == [False, False, True]
+    assert later.state_dict()["best_epoch"] == 1 and stopper(3, 0.1) is True
+
+
 def test_early_stopping_zero_patience_never_stops():
     stopper = EarlyStopping(patience=0)
     assert not any(stopper(epoch, 0.5 if epoch == 0 else 0.1) for epoch in range(50))

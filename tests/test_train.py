@@ -208,6 +208,16 @@ def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run
 
 
 @pytest.mark.slow
+def test_resume_may_wait_longer_or_not_stop_early(finished_run, tmp_path, log_lines):
+    last = tmp_path / "copy" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
+    argv = ["--resume", str(last), "--patience", "0"]
+    opt, _ = train.resume_options(train.parse_opt(argv), argv=argv)
+    assert opt.patience == 0 and "conflicts" not in "\n".join(log_lines)
+
+
+@pytest.mark.slow
 def test_resume_gives_flags_newer_than_the_checkpoint_their_defaults(finished_run, tmp_path):
     from utils.training.checkpoints import save_checkpoint
 

@@ -320,6 +320,7 @@ class EarlyStopping:
         self.patience = patience
         self.best_fitness = 0.0
         self.best_epoch = 0
+        self.last_epoch = -1
         self.possible_stop = False  # True when the next epoch without improvement stops training
 
     def __call__(self, epoch: int, fitness: float) -> bool:
@@ -328,26 +329,33 @@ class EarlyStopping:
         if fitness >= self.best_fitness:  # >= so a plateau at the start (fitness 0) counts as progress
             self.best_epoch = epoch
             self.best_fitness = fitness
-        limit = self.patience or float("inf")
-        waited = epoch - self.best_epoch
-        self.possible_stop = waited >= limit - 1
-        stop = waited >= limit
+        self.last_epoch = epoch
+        stop = self._waited_out(0)
+        self.possible_stop = self._waited_out(1)
         if stop:
             LOGGER.info(f"Stopping training early: no improvement in the last {self.patience} epochs; "
                         f"best results at epoch {self.best_epoch}. Use --patience 0 to disable, "
                         "or e.g. --patience 300 to wait longer.")
         return stop
 
+    def _waited_out(self, epochs_left: int) -> bool:
+        """Whether ``epochs_left`` more epochs without improvement reach the patience."""
+        return self.last_epoch - self.best_epoch + epochs_left >= (self.patience or float("inf"))
+
     def state_dict(self) -> dict:
         """Plain data for a checkpoint."""
-        return {"patience": self.patience, "best_fitness": self.best_fitness,
-                "best_epoch": self.best_epoch, "possible_stop": self.possible_stop}
+        return {"patience": self.patience, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
+                "last_epoch": self.last_epoch, "possible_stop": self.possible_stop}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore from :meth:`state_dict` output (patience comes from the current run's flag)."""
+        """Restore from :meth:`state_dict` output. The patience is the current run's flag, which a resume may
+        change (waiting longer, or not stopping early, changes when a run ends, never what an epoch computes)."""
         self.best_fitness = float(state["best_fitness"])
         self.best_epoch = int(state["best_epoch"])
         self.possible_stop = bool(state["possible_stop"])
+        if "last_epoch" in state:  # checkpoints written before it was saved keep their possible_stop
+            self.last_epoch = int(state["last_epoch"])
+            self.possible_stop = self._waited_out(1)
 
 
 # ----------------------------------------------------------------------------- determinism policy
