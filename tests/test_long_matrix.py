@@ -32,21 +32,21 @@ def test_summary_best_epoch_bands_and_area(tmp_path):
 
 @pytest.fixture
 def calls(monkeypatch, tmp_path):
-    """train.run replaced: records its arguments and logs three epochs into the run folder."""
+    """train.run replaced: records its arguments and logs the whole 50-epoch schedule into the run folder."""
     made = []
 
     def fake_run(**kwargs):
         made.append(kwargs)
-        _csv(long_matrix.run_dir(_job(tmp_path)) / "results.csv", [0.0, 0.2, 0.1])
+        _csv(long_matrix.run_dir(_job(tmp_path)) / "results.csv", [0.0, 0.2] + [0.1] * 48)
 
     monkeypatch.setattr(train, "run", fake_run)
     return made
 
 
-def test_a_new_run_starts_with_the_stop_rule_and_its_row_is_reused(tmp_path, calls, monkeypatch):
+def test_a_new_run_trains_the_whole_schedule_and_its_row_is_reused(tmp_path, calls, monkeypatch):
     row = long_matrix.run_one(_job(tmp_path))
-    assert len(calls) == 1 and calls[0]["epochs"] == 50 and calls[0]["patience"] == 20 and "resume" not in calls[0]
-    assert row["state"] == "done" and row["best_epoch"] == 1 and row["epochs"] == 3
+    assert len(calls) == 1 and calls[0]["epochs"] == 50 and calls[0]["patience"] == 0 and "resume" not in calls[0]
+    assert row["state"] == "done" and row["best_epoch"] == 1 and row["epochs"] == 50
     assert long_matrix.run_one(_job(tmp_path)) == json.loads(json.dumps(row)) and len(calls) == 1
 
 
@@ -56,17 +56,33 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, calls, mo
     last.write_bytes(b"")
     monkeypatch.setattr(long_matrix, "resumable", lambda path: True)
     long_matrix.run_one(_job(tmp_path))
-    assert calls == [{"resume": str(last)}]
+    assert calls == [{"resume": str(last), "patience": 0}]  # a run started with a patience of its own no longer stops
 
 
 def test_a_finished_run_without_its_row_is_reported_not_trained(tmp_path, calls, monkeypatch):
     folder = long_matrix.run_dir(_job(tmp_path))
     (folder / "weights").mkdir(parents=True)
     (folder / "weights" / "last.pt").write_bytes(b"")
-    _csv(folder / "results.csv", [0.1, 0.4])
+    _csv(folder / "results.csv", [0.1] * 49 + [0.4])
     monkeypatch.setattr(long_matrix, "resumable", lambda path: False)
     row = long_matrix.run_one(_job(tmp_path))
-    assert calls == [] and row["map"] == pytest.approx(0.4) and row["epochs"] == 2
+    assert calls == [] and row["map"] == pytest.approx(0.4) and row["epochs"] == 50
+
+
+@pytest.mark.parametrize("with_row", [True, False])
+def test_a_run_its_own_patience_ended_early_is_set_aside_and_trained_again(tmp_path, calls, monkeypatch, with_row):
+    folder = long_matrix.run_dir(_job(tmp_path))
+    (folder / "weights").mkdir(parents=True)
+    (folder / "weights" / "last.pt").write_bytes(b"old")
+    _csv(folder / "results.csv", [0.1, 0.4])
+    if with_row:
+        (folder / "row.json").write_text(json.dumps({"state": "done", "epochs": 2, "map": 0.4}))
+    (folder.parent / (folder.name + "-stopped-early")).mkdir()  # an earlier one keeps its name too
+    monkeypatch.setattr(long_matrix, "resumable", lambda path: False)
+    row = long_matrix.run_one(_job(tmp_path))
+    assert len(calls) == 1 and calls[0]["patience"] == 0 and row["epochs"] == 50  # the fake run's
+    kept = folder.parent / (folder.name + "-stopped-early-2")
+    assert (kept / "weights" / "last.pt").read_bytes() == b"old" and len(long_matrix.read_rows(kept / "results.csv")) == 2
 
 
 def test_report_only_shows_running_runs_and_generates_nothing(tmp_path, capsys, calls):
@@ -78,23 +94,45 @@ def test_report_only_shows_running_runs_and_generates_nothing(tmp_path, capsys, 
     assert calls == [] and not (tmp_path / "data").exists()
 
 
-def _summary(model, best_map, epochs=60, best_epoch=30, state="done"):
-    return {"kind": "photos", "size": 160, "seed": 0, "model": model, "map": best_map, "epochs": epochs,
-            "best_epoch": best_epoch, "state": state}
+def _curve(maps):
+    return [{"epoch": str(i), MAP50: str(m * 2), MAP: str(m)} for i, m in enumerate(maps)]
 
 
-def test_converged_verdicts_apply_issue_38s_end_target():
+def _run(model, maps, state="done"):
+    return {"kind": "photos", "size": 160, "seed": 0, "model": model, "state": state, "epochs": len(maps),
+            "curve": _curve(maps)}
+
+
+OPT = type("Opt", (), {"patience": 3, "max_epochs": 10, "auc_epochs": 10})
+
+
+def test_the_cells_budget_is_where_the_best_of_its_runs_stopped_improving():
+    from benchmarks.accuracy.long_matrix import cell_budget
+
+    leader = _curve([0.1, 0.5, 0.5, 0.4, 0.4, 0.3, 0.3, 0.3])
+    assert cell_budget([leader, _curve([0.0, 0.2, 0.3, 0.4, 0.45, 0.45])], patience=3) == 6  # 0.5 (a tie counts
+    # as new) at the third epoch, unbeaten through the sixth
+    assert cell_budget([leader, _curve([0.0, 0.2, 0.3, 0.4, 0.45, 0.6, 0.1])], patience=3) is None  # a new best at 6
+    assert cell_budget([leader, _curve([0.0, 0.2, 0.3, 0.55, 0.1, 0.1, 0.1])], patience=3) == 7  # the other run leads
+    assert cell_budget([leader, _curve([0.1, 0.2])], patience=3) is None  # not logged far enough yet
+
+
+def test_verdicts_compare_every_model_at_the_cells_budget():
     from benchmarks.accuracy.long_matrix import converged_verdicts
 
-    meets = [_summary("yolov5n", 0.10), _summary("yolov5n-p2", 0.11), _summary("ffca-yolo-n", 0.111)]
-    (line,) = converged_verdicts(meets, patience=20)
-    assert line.startswith("photos 160 px seed 0 (converged)") and "1.11x yolov5n" in line and line.endswith("meets")
-    short = [_summary("yolov5n", 0.10), _summary("yolov5n-p2", 0.12), _summary("ffca-yolo-n", 0.105)]
-    assert converged_verdicts(short, patience=20)[0].endswith("misses p2 and 1.1x yolov5n")
-    still_rising = [*meets[:2], _summary("ffca-yolo-n", 0.2, epochs=100, best_epoch=85)]
-    assert "not converged: ffca-yolo-n still improved" in converged_verdicts(still_rising, patience=20)[0]
-    running = [*meets[:2], _summary("ffca-yolo-n", 0.05, state="running")]
-    assert "(running)" in converged_verdicts(running, patience=20)[0]
-    assert converged_verdicts(meets[:2], patience=20) == []  # ffca-yolo-n missing: no verdict
-    silent = [_summary("yolov5n", 0.0), _summary("yolov5n-p2", 0.0), _summary("ffca-yolo-n", 0.0)]
-    assert "yolov5n at 0" in converged_verdicts(silent, patience=20)[0]
+    ffca = _run("ffca-yolo-n", [0.1, 0.3, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2])
+    late_p2 = _run("yolov5n-p2", [0.0, 0.1, 0.2, 0.25, 0.25, 0.25, 0.25, 0.5, 0.5, 0.5])  # best after the budget
+    (line,) = converged_verdicts([_run("yolov5n", [0.1] * 10), late_p2, ffca], OPT)
+    assert line == ("photos 160 px seed 0 (converged: compared at 5 epochs): ffca-yolo-n 0.3000 vs yolov5n-p2 "
+                    "0.2500, 3.00x yolov5n: meets")
+    rising = _run("yolov5n-p2", [0.1 * i for i in range(10)])
+    (line,) = converged_verdicts([_run("yolov5n", [0.1] * 10), rising, ffca], OPT)
+    assert "(not converged: the best run still improved" in line and line.endswith("misses p2")
+    (line,) = converged_verdicts([_run("yolov5n", [0.1] * 4, state="running"), rising, ffca], OPT)
+    assert "(running)" in line
+    (line,) = converged_verdicts([_run("yolov5n", [0.1] * 4), rising, ffca], OPT)
+    assert line.endswith("(not judged: yolov5n stopped early at epoch 4, by the per-run patience this command "
+                         "used before; training again sets it aside and trains it over the whole schedule)")
+    assert converged_verdicts([rising, ffca], OPT) == []  # yolov5n missing: no verdict
+    silent = [_run(m, [0.0] * 10) for m in ("yolov5n", "yolov5n-p2", "ffca-yolo-n")]
+    assert "yolov5n at 0" in converged_verdicts(silent, OPT)[0]

@@ -1,22 +1,28 @@
-"""Converged accuracy: the matrix's models trained until they stop improving, resumable across interruptions.
+"""Converged accuracy: the matrix's models compared at the budget where the best of them stops improving.
 
-Every (kind, seed, model) run trains from scratch with the matrix's recipe for at most ``--max-epochs``
-epochs and stops earlier once its best fitness (0.1 mAP50 + 0.9 mAP50-95, train.py's) has not improved
-for ``--patience`` epochs (train.py's early stopping). The learning rate decays over ``--max-epochs``, so
-a run that stops early stops before its schedule ends. Per run the table gives the epochs run, the epoch
-of the best checkpoint, its mAP50-95 and AP50-95 per AI-TOD band (from results.csv, where train.py
-validates the EMA weights it saves as best.pt), and the area under the mAP50-95 curve over the first
-``--auc-epochs`` epochs divided by that count (a run that stopped earlier holds its last value).
-Per cell a line follows: whether ffca-yolo-n meets issue 38's target at this budget (mAP50-95 at or above
-yolov5n-p2's and at least 1.1x yolov5n's), and whether the cell converged (its best model's best epoch lies
-at least ``--patience`` epochs before its last).
+Every (kind, seed, model) run trains from scratch with the matrix's recipe over the whole ``--max-epochs``
+schedule, with no early stop of its own: a run stopped by its own patience would be compared at a
+different budget, before its learning rate had decayed (a spike of its validation curve is enough to stop
+it). The cell's budget is found afterwards from the curves: the first epoch at which the best of the
+cell's runs, by train.py's fitness (0.1 mAP50 + 0.9 mAP50-95), has gone ``--patience`` epochs without a
+new best. Each model is then judged by its best epoch within that budget, or within the whole schedule
+where the cell never stopped improving.
+
+Per run the table gives the epochs run, the epoch of the best checkpoint, its mAP50-95 and AP50-95 per
+AI-TOD band (from results.csv, where train.py validates the EMA weights it saves as best.pt), and the area
+under the mAP50-95 curve over the first ``--auc-epochs`` epochs divided by that count (a run that stopped
+earlier holds its last value). Per cell a line follows: its budget, and whether ffca-yolo-n meets issue
+38's target there (mAP50-95 at or above yolov5n-p2's and at least 1.1x yolov5n's).
 
     python -m benchmarks.accuracy.long_matrix --out runs/long-matrix-160            # 1.5 h on 2 cores; rerun to continue
     python -m benchmarks.accuracy.long_matrix --out runs/long-matrix-160 --report-only
 
 An interrupted matrix continues where it stopped: a run with a resumable ``last.pt`` continues through
-train.py's ``--resume``, a finished run is only reported, and ``--report-only`` also shows the runs
-still training (marked "running").
+train.py's ``--resume`` (with ``--patience 0``), a finished run is only reported, and ``--report-only``
+also shows the runs still training (marked "running"). A finished run that its own patience stopped before
+the schedule's end (the rule of this command before issue 38's third round) cannot be continued: it is
+reported as "stopped", its cell is not judged, and training moves its folder aside (``-stopped-early``)
+and trains it again over the whole schedule.
 """
 
 from __future__ import annotations
@@ -47,11 +53,15 @@ def read_rows(results_csv: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def fitness(row: dict) -> float:
+    """train.py's fitness of one results.csv row."""
+    return 0.1 * float(row[MAP50]) + 0.9 * float(row[MAP])
+
+
 def summarise(rows: list[dict], auc_epochs: int) -> dict:
     """Epochs run, best epoch (0-based, train.py's fitness; the last of ties, as for its best.pt), its mAP50-95 and band APs,
     and the mean mAP50-95 over the first ``auc_epochs`` epochs (the last value held after the run's end)."""
-    fitness = [0.1 * float(r[MAP50]) + 0.9 * float(r[MAP]) for r in rows]
-    best = max(range(len(rows)), key=lambda i: (fitness[i], i))
+    best = max(range(len(rows)), key=lambda i: (fitness(rows[i]), i))
     curve = [float(r[MAP]) for r in rows[:auc_epochs]]
     curve += [curve[-1]] * (auc_epochs - len(curve))
     return {"epochs": len(rows), "best_epoch": int(rows[best]["epoch"]), "map": float(rows[best][MAP]),
@@ -68,19 +78,23 @@ def resumable(last: Path) -> bool:
 
 
 def train_or_resume(job: dict) -> None:
-    """Start the run, or continue it from its last.pt; a finished run is left as it is."""
+    """Start the run, or continue it from its last.pt; a run finished over the whole schedule is left as it is,
+    one its own patience ended early is set aside and trained again."""
     import train
 
     folder, opt = run_dir(job), job["opt"]
     last = folder / "weights" / "last.pt"
-    if last.exists() and not resumable(last):
+    if last.exists() and resumable(last):
+        train.run(resume=str(last), patience=0)
+        return
+    logged = read_rows(folder / "results.csv") if (folder / "results.csv").exists() else []
+    if last.exists() and len(logged) >= opt["max_epochs"]:
         return
     if last.exists():
-        train.run(resume=str(last))
-        return
+        set_aside(folder)
     shutil.rmtree(folder, ignore_errors=True)  # a run killed before its first checkpoint: nothing to keep
     train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["max_epochs"],
-              patience=opt["patience"], batch_size=opt["batch_size"], workers=0, seed=job["seed"],
+              patience=0, batch_size=opt["batch_size"], workers=0, seed=job["seed"],
               project=str(folder.parent), name=folder.name, exist_ok=True, noplots=True, hyp=opt["hyp"])
 
 
@@ -89,7 +103,7 @@ def run_one(job: dict) -> dict:
     import torch
 
     row_file = run_dir(job) / "row.json"
-    if row_file.exists():
+    if row_file.exists() and not stopped_early(json.loads(row_file.read_text()), job["opt"]["max_epochs"]):
         return json.loads(row_file.read_text())
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -99,6 +113,20 @@ def run_one(job: dict) -> dict:
            "session_s": time.perf_counter() - t0}
     row_file.write_text(json.dumps(row))
     return row
+
+
+def stopped_early(row: dict, max_epochs: int) -> bool:
+    """A finished run that its own patience ended before the schedule did (this command's earlier rule)."""
+    return row["state"] == "done" and row["epochs"] < max_epochs
+
+
+def set_aside(folder: Path) -> None:
+    """Rename a run folder to ``<name>-stopped-early`` (``-2``, ``-3`` ... if taken), keeping what it holds."""
+    target, n = folder.with_name(folder.name + "-stopped-early"), 1
+    while target.exists():
+        n += 1
+        target = folder.with_name(f"{folder.name}-stopped-early-{n}")
+    folder.rename(target)
 
 
 def report_row(job: dict) -> dict | None:
@@ -117,31 +145,52 @@ def format_table(rows: list[dict], opt) -> str:
             *(f"AP50-95 {v} px" for v in BANDS.values()), f"mean mAP50-95, epochs 1-{opt.auc_epochs}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        stopped = "running" if r["state"] == "running" else ("max" if r["epochs"] >= opt.max_epochs else "stopped")
+        stopped = "running" if r["state"] == "running" else ("max" if r["epochs"] >= opt.max_epochs else "stopped early")
         cells = [r["kind"], str(r["size"]), str(r["seed"]), r["model"], f"{r['epochs']} ({stopped})",
                  str(r["best_epoch"] + 1), f"{r['map']:.4f}", *(f"{r['bands'][b]:.3f}" for b in BANDS), f"{r['auc']:.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def converged_verdicts(rows: list[dict], patience: int) -> list[str]:
-    """Per (kind, size, seed) with all three models: issue 38's converged target (ffca-yolo-n's best
-    mAP50-95 at or above yolov5n-p2's and at least 1.1x yolov5n's), and whether the cell has converged
-    (the best of the three has not improved in its last ``patience`` epochs); a running cell is marked."""
-    lines = []
-    for (kind, size, seed), ffca, p2, v5 in compared_cells(rows, lambda r: (r["kind"], r["size"], r["seed"])):
-        leader = max((ffca, p2, v5), key=lambda r: r["map"])
-        if any(r["state"] == "running" for r in (ffca, p2, v5)):
-            state = "running"
-        elif leader["epochs"] - 1 - leader["best_epoch"] >= patience:
-            state = "converged"
-        else:
-            state = f"not converged: {leader['model']} still improved within {patience} epochs of its end"
-        misses = [what for what, ok in (("p2", ffca["map"] >= p2["map"]), ("1.1x yolov5n", ffca["map"] >= 1.1 * v5["map"])) if not ok]
-        ratio = f"{ffca['map'] / v5['map']:.2f}x yolov5n" if v5["map"] else "yolov5n at 0"
-        lines.append(f"{kind} {size} px seed {seed} ({state}): ffca-yolo-n {ffca['map']:.4f} vs yolov5n-p2 "
-                     f"{p2['map']:.4f}, {ratio}: " + ("meets" if not misses else "misses " + " and ".join(misses)))
-    return lines
+def cell_budget(curves: list[list[dict]], patience: int) -> int | None:
+    """Epochs after which the best of a cell's runs had gone ``patience`` epochs without a new best (train.py's
+    fitness; a tie counts as new, as in its early stopping); None if that did not happen within the epochs
+    every run has logged."""
+    best, best_epoch = float("-inf"), 0
+    for epoch in range(min(len(curve) for curve in curves)):
+        top = max(fitness(curve[epoch]) for curve in curves)
+        if top >= best:
+            best, best_epoch = top, epoch
+        if epoch - best_epoch >= patience:
+            return epoch + 1
+    return None
+
+
+def cell_verdict(runs: tuple, opt) -> str:
+    """``(state): comparison`` for one cell's (ffca-yolo-n, yolov5n-p2, yolov5n) rows, each with its results.csv
+    rows as ``curve``: issue 38's target (at or above yolov5n-p2, at least 1.1x yolov5n) at the cell's budget."""
+    budget = cell_budget([r["curve"] for r in runs], opt.patience)
+    early = next((r for r in runs if stopped_early(r, opt.max_epochs)), None)
+    if budget is not None:
+        state = f"converged: compared at {budget} epochs"
+    elif any(r["state"] == "running" for r in runs):
+        state = "running"
+    elif early:
+        return (f"(not judged: {early['model']} stopped early at epoch {early['epochs']}, by the per-run patience "
+                "this command used before; training again sets it aside and trains it over the whole schedule)")
+    else:
+        state = f"not converged: the best run still improved within {opt.patience} epochs of the schedule's end"
+    ffca, p2, v5 = (summarise(r["curve"][:budget], opt.auc_epochs)["map"] for r in runs)
+    misses = [what for what, ok in (("p2", ffca >= p2), ("1.1x yolov5n", ffca >= 1.1 * v5)) if not ok]
+    ratio = f"{ffca / v5:.2f}x yolov5n" if v5 else "yolov5n at 0"
+    return (f"({state}): ffca-yolo-n {ffca:.4f} vs yolov5n-p2 {p2:.4f}, {ratio}: "
+            + ("meets" if not misses else "misses " + " and ".join(misses)))
+
+
+def converged_verdicts(rows: list[dict], opt) -> list[str]:
+    """One :func:`cell_verdict` line per (kind, size, seed) with all three models."""
+    return [f"{kind} {size} px seed {seed} " + cell_verdict(runs, opt)
+            for (kind, size, seed), *runs in compared_cells(rows, lambda r: (r["kind"], r["size"], r["seed"]))]
 
 
 def jobs_for(opt, out: Path, generate: bool = True) -> list[dict]:
@@ -169,7 +218,8 @@ def parse_opt(argv=None):
     p.add_argument("--size", type=int, default=160, help="image size (data and training)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (data and training)")
     p.add_argument("--max-epochs", type=int, default=100, help="epochs of the schedule; a run stops here at the latest")
-    p.add_argument("--patience", type=int, default=20, help="stop a run when its best has not improved for this many epochs")
+    p.add_argument("--patience", type=int, default=20, help="a cell has converged once the best of its runs has not improved for this many epochs; the runs "
+                   "themselves train the whole schedule")
     p.add_argument("--auc-epochs", type=int, default=100, help="epochs the area under the mAP50-95 curve spans")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--n-train", type=int, default=256)
@@ -193,7 +243,9 @@ def main(argv=None) -> str:
         rows = [row for row in map(report_row, jobs) if row is not None]
     else:
         rows = map_in_workers(run_one, jobs, opt.jobs)
-    report = "\n".join([format_table(rows, opt), "", *converged_verdicts(rows, opt.patience)])
+    for row in rows:
+        row["curve"] = read_rows(run_dir({**row, "out": out}) / "results.csv")
+    report = "\n".join([format_table(rows, opt), "", *converged_verdicts(rows, opt)])
     print(f"\npython -m benchmarks.accuracy.long_matrix --size {opt.size} --kinds {' '.join(opt.kinds)} "
           f"--seeds {' '.join(map(str, opt.seeds))} --max-epochs {opt.max_epochs} --patience {opt.patience} "
           f"--n-train {opt.n_train} --n-val {opt.n_val}\n{report}")
