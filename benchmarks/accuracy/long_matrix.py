@@ -174,7 +174,8 @@ def cell_verdict(runs: tuple, opt) -> str:
     if budget is not None:
         state = f"converged: compared at {budget} epochs"
     elif any(r["state"] == "running" for r in runs):
-        state = "running"
+        budget = min(len(r["curve"]) for r in runs)
+        state = f"running: compared at {budget} epochs, as far as every run has got"
     elif early:
         return (f"(not judged: {early['model']} stopped early at epoch {early['epochs']}, by the per-run patience "
                 "this command used before; training again sets it aside and trains it over the whole schedule)")
