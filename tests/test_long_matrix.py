@@ -94,6 +94,19 @@ def test_report_only_shows_running_runs_and_generates_nothing(tmp_path, capsys, 
     assert calls == [] and not (tmp_path / "data").exists()
 
 
+def test_a_run_stopped_early_in_a_settled_cell_is_kept(tmp_path, calls, monkeypatch):
+    job = _job(tmp_path)
+    stalled = [0.1, 0.3, 0.2, 0.2] + [0.2] * 20  # the cell's best at epoch 2, then 22 epochs without a new best
+    for model in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"):
+        _csv(long_matrix.run_dir({**job, "model": model}) / "results.csv", stalled if model == "yolov5n" else [0.1] * 30)
+    folder = long_matrix.run_dir(job)  # yolov5n, stopped at 24 of 50 epochs, past the cell's budget of 22
+    (folder / "weights").mkdir()
+    (folder / "weights" / "last.pt").write_bytes(b"old")
+    monkeypatch.setattr(long_matrix, "resumable", lambda path: False)
+    row = long_matrix.run_one(job)
+    assert calls == [] and row["epochs"] == 24 and (folder / "weights" / "last.pt").read_bytes() == b"old"
+
+
 def _curve(maps):
     return [{"epoch": str(i), MAP50: str(m * 2), MAP: str(m)} for i, m in enumerate(maps)]
 

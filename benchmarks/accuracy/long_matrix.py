@@ -21,8 +21,9 @@ An interrupted matrix continues where it stopped: a run with a resumable ``last.
 train.py's ``--resume`` (with ``--patience 0``), a finished run is only reported, and ``--report-only``
 also shows the runs still training (marked "running"). A finished run that its own patience stopped before
 the schedule's end (the rule of this command before issue 38's third round) cannot be continued: it is
-reported as "stopped", its cell is not judged, and training moves its folder aside (``-stopped-early``)
-and trains it again over the whole schedule.
+reported as "stopped early" and, unless its cell's budget already lies within the epochs its runs logged,
+the cell is not judged and training moves the run's folder aside (``-stopped-early``) and trains it again
+over the whole schedule.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import shutil
 import time
 from pathlib import Path
 
-from benchmarks.accuracy.matrix import BANDS, DEFAULT_MODELS, KINDS, check_image_sizes, compared_cells, make_data
+from benchmarks.accuracy.matrix import (BANDS, COMPARED_MODELS, DEFAULT_MODELS, KINDS, check_image_sizes, compared_cells,
+                                       make_data)
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
@@ -88,7 +90,7 @@ def train_or_resume(job: dict) -> None:
         train.run(resume=str(last), patience=0)
         return
     logged = read_rows(folder / "results.csv") if (folder / "results.csv").exists() else []
-    if last.exists() and len(logged) >= opt["max_epochs"]:
+    if last.exists() and (len(logged) >= opt["max_epochs"] or cell_settled(job)):
         return
     if last.exists():
         set_aside(folder)
@@ -103,7 +105,8 @@ def run_one(job: dict) -> dict:
     import torch
 
     row_file = run_dir(job) / "row.json"
-    if row_file.exists() and not stopped_early(json.loads(row_file.read_text()), job["opt"]["max_epochs"]):
+    if row_file.exists() and (not stopped_early(json.loads(row_file.read_text()), job["opt"]["max_epochs"])
+                              or cell_settled(job)):
         return json.loads(row_file.read_text())
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -118,6 +121,14 @@ def run_one(job: dict) -> dict:
 def stopped_early(row: dict, max_epochs: int) -> bool:
     """A finished run that its own patience ended before the schedule did (this command's earlier rule)."""
     return row["state"] == "done" and row["epochs"] < max_epochs
+
+
+def cell_settled(job: dict) -> bool:
+    """Whether the job's cell already has its budget within the epochs its compared runs have logged: the verdict
+    is final then, and a run of it that stopped early (past the budget) needs no training again."""
+    curves = [run_dir({**job, "model": m}) / "results.csv" for m in COMPARED_MODELS]
+    return (all(path.exists() for path in curves)
+            and cell_budget([read_rows(path) for path in curves], job["opt"]["patience"]) is not None)
 
 
 def set_aside(folder: Path) -> None:

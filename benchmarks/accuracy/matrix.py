@@ -46,6 +46,7 @@ from utils.options import OptionRules
 ROOT = Path(__file__).resolve().parents[2]
 BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
+COMPARED_MODELS = ("ffca-yolo-n", "yolov5n-p2", "yolov5n")  # the targets' order: the model, then its yardsticks
 KINDS = ("shapes", "glyphs", "photos")
 DEFAULT_KINDS = ("shapes", "glyphs")  # the matrix of docs/accuracy.md; photos came later
 MIN_SIZE = 64  # the smallest image every kind's generator can place its largest objects in
@@ -177,7 +178,7 @@ def compared_cells(rows: list[dict], key) -> list[tuple]:
     cells: dict[tuple, dict] = {}
     for r in rows:
         cells.setdefault(key(r), {})[r["model"]] = r
-    picked = [(k, *(by_model.get(m) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))) for k, by_model in sorted(cells.items())]
+    picked = [(k, *(by_model.get(m) for m in COMPARED_MODELS)) for k, by_model in sorted(cells.items())]
     return [cell for cell in picked if all(cell[1:])]
 
 
@@ -210,7 +211,7 @@ def spread_verdicts(rows: list[dict]) -> list[str]:
         runs.setdefault((r["kind"], r["size"], r["seed"]), {}).setdefault(r["model"], []).append(r)
     lines = []
     for (kind, size, seed), by_model in sorted(runs.items()):
-        ffca, p2, v5 = (sorted(by_model.get(m, []), key=train_seed) for m in ("ffca-yolo-n", "yolov5n-p2", "yolov5n"))
+        ffca, p2, v5 = (sorted(by_model.get(m, []), key=train_seed) for m in COMPARED_MODELS)
         if min(len(ffca), len(p2)) < 2:
             continue
         start = {name: median_first(model_runs) for name, model_runs in (("ffca", ffca), ("p2", p2), ("v5", v5)) if model_runs}
