@@ -80,8 +80,9 @@ def resumable(last: Path) -> bool:
 
 
 def train_or_resume(job: dict) -> None:
-    """Start the run, or continue it from its last.pt; a run finished over the whole schedule is left as it is,
-    one its own patience ended early is set aside and trained again."""
+    """Start the run, or continue it from its last.pt. A run finished over the whole schedule is left as it is;
+    one that its own patience ended early is too if its cell is settled, and is set aside and trained again
+    otherwise."""
     import train
 
     folder, opt = run_dir(job), job["opt"]
