@@ -106,9 +106,9 @@ def run_one(job: dict) -> dict:
     import torch
 
     row_file = run_dir(job) / "row.json"
-    if row_file.exists() and (not stopped_early(json.loads(row_file.read_text()), job["opt"]["max_epochs"])
-                              or cell_settled(job)):
-        return json.loads(row_file.read_text())
+    saved = json.loads(row_file.read_text()) if row_file.exists() else None
+    if saved and (not stopped_early(saved, job["opt"]["max_epochs"]) or cell_settled(job)):
+        return saved
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     train_or_resume(job)

@@ -49,6 +49,7 @@ PAPER_HYP = ROOT / "data" / "hyps" / "hyp.ffca-paper.yaml"
 SIDES = {"authors": "authors", "ours-paper": "ours, paper hyp", "ours-default": "ours, defaults"}  # --sides: label
 RULES = OptionRules(positive=("size", "epochs", "n_train", "n_val", "jobs"), non_negative=("seeds",))
 START_MAP50 = 0.001
+THEIR_EXTRA_PACKAGES = "psutil seaborn 'setuptools<81'"  # what their code imports beyond our requirements
 # (file, line as the authors wrote it, what runs instead): imports of packages that moved, nothing else
 PATCHES = (("utils/general.py", "from ultralytics.yolo.utils.checks import check_requirements",
             "def check_requirements(*args, **kwargs):  # vs_authors: ultralytics 8.0's module is gone\n    return True"),
@@ -99,7 +100,7 @@ def check_their_imports(code: Path, site: str | None) -> None:
     if done.returncode:
         cause = (done.stderr.strip().splitlines() or ["exited " + str(done.returncode)])[-1]
         raise UserError(f"--site {site or '(not given)'}: the authors' train.py does not import ({cause}); "
-                        "pip install --no-deps --target SITE psutil seaborn 'setuptools<81' and pass --site SITE")
+                        f"pip install --no-deps --target SITE {THEIR_EXTRA_PACKAGES} and pass --site SITE")
 
 
 def train_command(job: dict) -> tuple[list, Path]:
@@ -200,8 +201,8 @@ def main(argv=None):
     if not Path(args.cfg).is_file():
         raise UserError(f"--cfg {args.cfg}: no such model YAML")
     if args.site and not Path(args.site).is_dir():
-        raise UserError(f"--site {args.site}: no such folder; pip install --no-deps --target {args.site} psutil "
-                        "seaborn 'setuptools<81' makes it")
+        raise UserError(f"--site {args.site}: no such folder; pip install --no-deps --target {args.site} "
+                        f"{THEIR_EXTRA_PACKAGES} makes it")
     code = working_copy(Path(args.authors).resolve(), out)
     site = str(Path(args.site).resolve()) if args.site else None
     if "authors" in args.sides:
