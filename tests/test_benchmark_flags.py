@@ -23,6 +23,7 @@ COMMANDS = sorted(str(p.relative_to(ROOT).with_suffix("")).replace("/", ".")
                   for p in (ROOT / "benchmarks").rglob("*.py")
                   if "__main__" in p.read_text() and not {"gpu_proof", "figures"} & set(p.parts))
 BAD = {"positive": "0", "non_negative": "-1", "fractions": "1", "positive_numbers": "nan"}
+INPUT_FILES = ("hyp", "cfg", "data", "weights")  # flags that name a file the command reads
 
 
 class Captured(Exception):
@@ -46,13 +47,14 @@ def _numeric_flags(parser: argparse.ArgumentParser) -> list:
 
 
 def _required(parser) -> list:
-    """A stand-in value for each positional or required flag (checked after the numeric ones)."""
+    """A stand-in value for each positional or required flag (checked after the numeric ones); an existing
+    file where the flag names an input file."""
     argv = []
     for action in parser._actions:
         if not action.option_strings:
             argv.append("x")
         elif action.required:
-            argv += [action.option_strings[0], "x"]
+            argv += [action.option_strings[0], __file__ if action.dest in INPUT_FILES else "x"]
     return argv
 
 
@@ -132,3 +134,27 @@ def test_every_kind_generates_at_the_smallest_size_the_check_lets_through(tmp_pa
         data = make_data(kind, MIN_SIZE, 0, 2, 1, tmp_path)
         labels = sorted((data.parent / data.stem / "labels").rglob("*.txt"))
         assert len(labels) == 3 and all(f.read_text().strip() for f in labels), kind  # objects in every image
+
+
+
+def _flags_named(parser, dests) -> list:
+    return [a for a in parser._actions if a.dest in dests and a.option_strings]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_missing_input_file_or_an_out_that_is_a_file_is_one_line_before_any_work(command, tmp_path, capsys,
+                                                                                   monkeypatch, no_work):
+    module = importlib.import_module(command)
+    parser, rules = _parser_and_rules(module, monkeypatch)
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("kept")
+    bad = [(a, str(tmp_path / "missing.yaml"), "file not found") for a in _flags_named(parser, INPUT_FILES)]
+    bad += [(a, str(not_a_folder), "is a file, not a folder") for a in _flags_named(parser, ("out",))]
+    for action, value, message in bad:
+        flag = action.option_strings[0]
+        with pytest.raises(SystemExit) as exit_info:
+            module.main([*_required(parser), flag, value])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1, (command, flag, err)
+        assert err[0].startswith(f"ERROR: {flag} {value}: {message}"), (command, err)
+    assert not_a_folder.read_text() == "kept"

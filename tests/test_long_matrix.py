@@ -94,6 +94,15 @@ def test_report_only_shows_running_runs_and_generates_nothing(tmp_path, capsys, 
     assert calls == [] and not (tmp_path / "data").exists()
 
 
+def test_report_only_on_a_folder_without_runs_is_one_line(tmp_path, capsys, calls):
+    with pytest.raises(SystemExit) as exit_info:
+        long_matrix.main(["--out", str(tmp_path / "typo"), "--report-only"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err == [f"ERROR: --out {tmp_path / 'typo'}: no runs there to report; the same "
+                                                 "command without --report-only trains them"]
+    assert calls == [] and not (tmp_path / "typo").exists()
+
+
 def test_a_run_stopped_early_in_a_settled_cell_is_kept(tmp_path, calls, monkeypatch):
     job = _job(tmp_path)
     stalled = [0.1, 0.3, 0.2, 0.2] + [0.2] * 20  # the cell's best at epoch 2, then 22 epochs without a new best

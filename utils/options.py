@@ -53,6 +53,7 @@ class OptionRules:
     fractions: tuple = ()  # finite numbers from 0 up to, not including, 1
     positive_numbers: tuple = ()  # finite numbers above 0
     files: tuple = ()  # paths that must exist when given (an empty value means "not given")
+    folders: tuple = ()  # output folders: a missing one is made later, an existing file is refused
     choices: tuple = ()  # (name, allowed values) pairs for values that argparse cannot restrict
 
 
@@ -86,6 +87,10 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
         for value in _values(getattr(opt, name)):
             if value and not Path(value).is_file():
                 raise UserError(f"{flag_name(name)} {value}: file not found")
+    for name in rules.folders:
+        value = getattr(opt, name)
+        if value and Path(value).exists() and not Path(value).is_dir():
+            raise UserError(f"{flag_name(name)} {value}: is a file, not a folder; give a folder (it is made if missing)")
     for name, allowed in rules.choices:
         value = getattr(opt, name)
         if value not in allowed:

@@ -44,7 +44,7 @@ def size_counts(dataset, epochs: int) -> np.ndarray:
     return np.histogram(np.concatenate(sizes), bins=EDGES)[0]
 
 
-RULES = OptionRules(positive=("imgsz", "epochs"), non_negative=("values", "seed"))
+RULES = OptionRules(positive=("imgsz", "epochs"), non_negative=("values", "seed"), files=("data", "hyp"))
 
 
 @exit_on_user_error

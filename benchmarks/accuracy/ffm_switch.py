@@ -36,7 +36,8 @@ from utils.options import OptionRules
 ROOT = Path(__file__).resolve().parents[2]
 
 
-RULES = OptionRules(positive=("source_epochs", "epochs", "imgsz", "batch_size"), non_negative=("seed",))
+RULES = OptionRules(positive=("source_epochs", "epochs", "imgsz", "batch_size"), non_negative=("seed",),
+                    folders=("out",), files=("data", "cfg", "hyp"))
 
 
 def parse_opt(argv=None):

@@ -39,7 +39,7 @@ from benchmarks.accuracy.matrix import (BANDS, COMPARED_MODELS, DEFAULT_MODELS, 
                                        make_data)
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
-from utils.errors import exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +220,7 @@ def jobs_for(opt, out: Path, generate: bool = True) -> list[dict]:
 
 
 RULES = OptionRules(positive=("size", "max_epochs", "patience", "auc_epochs", "batch_size", "n_train", "n_val", "jobs"),
-                    non_negative=("seeds",))
+                    non_negative=("seeds",), folders=("out",), files=("hyp",))
 
 
 def parse_opt(argv=None):
@@ -243,6 +243,8 @@ def parse_opt(argv=None):
     p.add_argument("--report-only", action="store_true", help="train nothing: report finished and running runs")
     opt = parse_checked(p, RULES, argv)
     check_image_sizes("--size", [opt.size])
+    if opt.report_only and not (opt.out / "runs").is_dir():
+        raise UserError(f"--out {opt.out}: no runs there to report; the same command without --report-only trains them")
     return opt
 
 

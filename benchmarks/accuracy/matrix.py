@@ -258,7 +258,7 @@ def jobs_for(opt: argparse.Namespace, out: Path) -> list[dict]:
 
 
 RULES = OptionRules(positive=("sizes", "epochs", "batch_size", "n_train", "n_val", "jobs"),
-                     non_negative=("seeds", "train_seeds"))
+                    non_negative=("seeds", "train_seeds"), folders=("out",), files=("hyp",))
 
 
 def check_image_sizes(flag: str, sizes: list) -> None:

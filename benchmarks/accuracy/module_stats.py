@@ -300,7 +300,7 @@ def shared_table(p2: dict[str, dict[int, dict]], ffca: dict[str, dict[int, dict]
 
 
 RULES = OptionRules(positive=("size", "schedule", "save_period", "n_train", "n_val", "batch"),
-                    non_negative=("seed", "epochs_at"))
+                    non_negative=("seed", "epochs_at"), folders=("out",), files=("hyp",))
 
 
 def parse_opt(argv=None):

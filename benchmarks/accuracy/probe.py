@@ -104,7 +104,7 @@ def run(weights: str, data: str, max_images: int) -> str:
     return report(acc, [int(s) for s in backend.stride.tolist()])
 
 
-RULES = OptionRules(positive=("max_images",))
+RULES = OptionRules(positive=("max_images",), files=("data", "weights"))
 
 
 @exit_on_user_error

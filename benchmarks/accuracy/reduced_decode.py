@@ -22,7 +22,7 @@ from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = OptionRules(positive=("source_size", "imgsz", "epochs", "n_train", "n_val", "jobs"),
-                    non_negative=("data_seed", "train_seeds"))
+                    non_negative=("data_seed", "train_seeds"), folders=("out",))
 START_MAP50 = 0.001
 
 

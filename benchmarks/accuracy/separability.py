@@ -108,7 +108,7 @@ def epoch_order(path: str) -> tuple[int, str]:
     return (int(found.group(1)) if found else 1 << 30, path)
 
 
-RULES = OptionRules(positive=("max_images",), non_negative=("layers",))
+RULES = OptionRules(positive=("max_images",), non_negative=("layers",), files=("data", "weights"))
 
 
 @exit_on_user_error

@@ -183,7 +183,8 @@ def seed_summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-RULES = OptionRules(positive=("epochs", "batch_size", "img_size", "n_train", "n_val", "jobs"), non_negative=("seeds",))
+RULES = OptionRules(positive=("epochs", "batch_size", "img_size", "n_train", "n_val", "jobs"), non_negative=("seeds",),
+                    folders=("out",), files=("hyp",))
 
 
 def parse_opt(argv=None) -> tuple[argparse.Namespace, list[dict]]:

@@ -47,7 +47,8 @@ from utils.options import OptionRules
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_HYP = ROOT / "data" / "hyps" / "hyp.ffca-paper.yaml"
 SIDES = {"authors": "authors", "ours-paper": "ours, paper hyp", "ours-default": "ours, defaults"}  # --sides: label
-RULES = OptionRules(positive=("size", "epochs", "n_train", "n_val", "jobs"), non_negative=("seeds",))
+RULES = OptionRules(positive=("size", "epochs", "n_train", "n_val", "jobs"), non_negative=("seeds",), folders=("out",),
+                    files=("cfg",))
 START_MAP50 = 0.001
 THEIR_EXTRA_PACKAGES = "psutil seaborn 'setuptools<81'"  # what their code imports beyond our requirements
 # (file, line as the authors wrote it, what runs instead): imports of packages that moved, nothing else
@@ -198,8 +199,6 @@ def main(argv=None):
     args = parse_checked(p, RULES, argv)
     check_image_sizes("--size", [args.size])
     out = Path(args.out).resolve()
-    if not Path(args.cfg).is_file():
-        raise UserError(f"--cfg {args.cfg}: no such model YAML")
     if args.site and not Path(args.site).is_dir():
         raise UserError(f"--site {args.site}: no such folder; pip install --no-deps --target {args.site} "
                         f"{THEIR_EXTRA_PACKAGES} makes it")

@@ -43,7 +43,8 @@ def images_per_second(loader, epoch, batches):
     return n / elapsed, 1000 * cpu / n
 
 
-RULES = OptionRules(positive=("imgsz", "batch_size", "batches", "runs", "train_tiles"), non_negative=("workers",))
+RULES = OptionRules(positive=("imgsz", "batch_size", "batches", "runs", "train_tiles"), non_negative=("workers",),
+                    files=("data", "hyp"))
 
 
 @exit_on_user_error

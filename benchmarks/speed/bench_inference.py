@@ -51,7 +51,7 @@ def compiled(model, example):
     return fast, time.perf_counter() - start, float((out - ref).abs().max())
 
 
-RULES = OptionRules(positive=("imgsz", "batches", "runs", "threads"), non_negative=("warmup",))
+RULES = OptionRules(positive=("imgsz", "batches", "runs", "threads"), non_negative=("warmup",), files=("cfg",))
 
 
 @exit_on_user_error

@@ -51,7 +51,7 @@ def bench_one(cfg: str, imgsz: int, warmup: int, runs: int, folder: Path) -> tup
     return tuple(median_ms(load_backend(path), im, warmup, runs) for path in (weights, *exported))
 
 
-RULES = OptionRules(positive=("imgsz", "runs"), non_negative=("warmup", "threads"))
+RULES = OptionRules(positive=("imgsz", "runs"), non_negative=("warmup", "threads"), files=("cfg",))
 
 
 @exit_on_user_error

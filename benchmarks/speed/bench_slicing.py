@@ -68,7 +68,8 @@ def unsliced_pass(model, images, imgsz, stride, device):
         non_max_suppression(model(x)[0], 0.25, 0.45, max_det=1000)
 
 
-RULES = OptionRules(positive=("images", "image_size", "slice", "imgsz", "batches", "runs"), fractions=("overlap",))
+RULES = OptionRules(positive=("images", "image_size", "slice", "imgsz", "batches", "runs"), fractions=("overlap",),
+                    files=("cfg", "weights"))
 
 
 @exit_on_user_error

@@ -55,7 +55,7 @@ def median_rate(fn, n_images, runs):
     return statistics.median(rates), rates
 
 
-RULES = OptionRules(positive=("imgsz", "batch_size", "images", "runs"))
+RULES = OptionRules(positive=("imgsz", "batch_size", "images", "runs"), files=("data",))
 
 
 @exit_on_user_error

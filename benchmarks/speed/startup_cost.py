@@ -68,20 +68,22 @@ def start_up_seconds(argv: list, cache: str, modules_file: Path) -> tuple:
 
 
 def train_args(args, mode: str, project: Path) -> list:
-    return ["--cfg", args.cfg, "--data", args.data, "--imgsz", str(args.imgsz), "--batch-size", "8",
+    # the child runs in the repository's root, so the user's relative paths are resolved here
+    return ["--cfg", str(Path(args.cfg).resolve()), "--data", str(Path(args.data).resolve()),
+            "--imgsz", str(args.imgsz), "--batch-size", "8",
             "--workers", "0", "--epochs", "1", "--noplots", "--device", "cpu", "--deterministic", mode,
             "--project", str(project), "--name", "run"]
 
 
-RULES = OptionRules(positive=("imgsz", "rounds"))
+RULES = OptionRules(positive=("imgsz", "rounds"), files=("cfg", "data"))
 
 
 @exit_on_user_error
 def main(argv=None):
     p = parser_for("benchmarks.speed.startup_cost",
                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cfg", default="models/yolov5n.yaml")
-    p.add_argument("--data", default="data/shapes.yaml")
+    p.add_argument("--cfg", default=str(ROOT / "models" / "yolov5n.yaml"))
+    p.add_argument("--data", default=str(ROOT / "data" / "shapes.yaml"))
     p.add_argument("--imgsz", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
     args = parse_checked(p, RULES, argv)

@@ -287,7 +287,7 @@ def table(results):
 
 # utils.options.OptionRules fields; plain data, as nothing of this project may be imported at the top (see run_worker)
 RULE_FIELDS = dict(positive=("pairs", "imgsz", "batch_size", "threads", "accumulate", "train_images",
-                             "train_batches", "val_images"), non_negative=("workers",))
+                             "train_batches", "val_images"), non_negative=("workers",), files=("weights",))
 
 
 def parse_args(argv=None):

@@ -115,7 +115,7 @@ def diagnose(name: str, cfg: Path, data: dict, imgsz: int, steps: int, batch: in
         step += 1
 
 
-RULES = OptionRules(positive=("imgsz", "steps", "batch_size"), non_negative=("seed",))
+RULES = OptionRules(positive=("imgsz", "steps", "batch_size"), non_negative=("seed",), files=("data",))
 
 
 @exit_on_user_error

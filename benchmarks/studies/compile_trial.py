@@ -76,7 +76,7 @@ def profile_eager(cfg, images, targets, steps=3, rows=8):
         print(f"| {event.key} | {100 * event.self_cpu_time_total / total:.1f} % |")
 
 
-RULES = OptionRules(positive=("imgsz", "batch_size", "steps", "threads"))
+RULES = OptionRules(positive=("imgsz", "batch_size", "steps", "threads"), files=("cfg",))
 
 
 @exit_on_user_error

@@ -52,7 +52,7 @@ def mAP_per_epoch(results_csv: Path) -> list[tuple[float, float]]:
         return [(float(r["metrics/mAP_0.5"]), float(r["metrics/mAP_0.5:0.95"])) for r in csv.DictReader(f)]
 
 
-RULES = OptionRules(positive=("epochs", "imgsz", "n_train", "n_val", "batch_size"))
+RULES = OptionRules(positive=("epochs", "imgsz", "n_train", "n_val", "batch_size"), folders=("out",))
 
 
 @exit_on_user_error
