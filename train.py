@@ -124,9 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------- options
 
-TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers"),
+TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers", "save_interval"),
                           files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),))
 RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience"}
+# what the flags a resume may change must satisfy (the checkpoint's own values passed TRAIN_RULES when it began)
+RESUME_RULES = OptionRules(non_negative=("patience", "workers", "save_interval"))
 
 
 def resolve_options(opt, argv=None):
@@ -167,7 +169,8 @@ def resume_options(opt, argv=None):
                         "(start a new run with --weights to fine-tune from it)")
     typed = typed_flags(build_parser(), sys.argv[1:] if argv is None else argv)
     # flags added since the checkpoint was written take their defaults, which is how that run was trained
-    saved = merge_resumed_options({**vars(parse_opt([])), **ckpt["opt"]}, typed, RESUME_MAY_DIFFER)
+    saved = check_options(merge_resumed_options({**vars(parse_opt([])), **ckpt["opt"]}, typed, RESUME_MAY_DIFFER),
+                          RESUME_RULES)
     saved.resume = str(path)
     saved.weights = str(path)
     saved.save_dir = str(path.parent.parent)

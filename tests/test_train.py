@@ -128,6 +128,7 @@ def test_strict_stops_before_training_on_nondeterministic_op_and_scoped_trains(s
     (["--imgsz", "0"], "--imgsz 0: must be a positive integer"),
     (["--imgsz", "-64"], "--imgsz -64: must be a positive integer"),
     (["--workers", "-1"], "--workers -1: must be 0 or more"),
+    (["--save-interval", "-5"], "--save-interval -5.0: must be 0 or more"),
     (["--cache", "gpu"], "--cache gpu: use one of"),
     (["--quad", "--batch-size", "6"], "--quad needs a per-device batch size divisible by 4, got 6"),
 ])
@@ -208,13 +209,19 @@ def test_resume_reports_conflicting_flags_and_keeps_the_checkpoints(finished_run
 
 
 @pytest.mark.slow
-def test_resume_may_wait_longer_or_not_stop_early(finished_run, tmp_path, log_lines):
+def test_resume_may_change_patience_but_not_to_a_bad_value(finished_run, tmp_path, log_lines):
     last = tmp_path / "copy" / "weights" / "last.pt"
     last.parent.mkdir(parents=True)
     last.write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
     argv = ["--resume", str(last), "--patience", "0"]
     opt, _ = train.resume_options(train.parse_opt(argv), argv=argv)
     assert opt.patience == 0 and "conflicts" not in "\n".join(log_lines)
+    for flag, value, rule in [("--patience", "-1", "must be 0 or more"), ("--save-interval", "-5.0", "must be 0 or more"),
+                              ("--workers", "-2", "must be 0 or more")]:
+        argv = ["--resume", str(last), flag, value]
+        with pytest.raises(UserError, match=f"^{flag} {value}: {rule}$"):
+            train.resume_options(train.parse_opt(argv), argv=argv)
+    assert last.read_bytes() == (finished_run / "weights" / "epoch0.pt").read_bytes()
 
 
 @pytest.mark.slow
