@@ -57,3 +57,26 @@ def test_without_scikit_image_it_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="pip install scikit-image"):
         make_photos(tmp_path / "none", n_train=1, n_val=1)
     assert not (tmp_path / "none").exists()
+
+
+@needs_photos
+def test_every_photo_reads_as_opencv_decodes_it_without_a_libpng_warning(capfd):
+    import cv2
+
+    names = sorted({*photos.BACKGROUNDS, *photos.DISTRACTORS, *(file for file, _ in photos.OBJECTS.values())})
+    photos.photo.cache_clear()
+    ours = {name: photos.photo(name) for name in names}
+    assert capfd.readouterr().err == ""  # page.png's colour profile made OpenCV's libpng warn once per process
+    for name in names:
+        assert np.array_equal(ours[name], cv2.imread(str(photos.photo_folder() / name), cv2.IMREAD_COLOR)), name
+    assert any(name.endswith(".png") for name in names) and any(name.endswith(".jpg") for name in names)
+
+
+@needs_photos
+def test_an_unreadable_photo_is_one_clear_line(tmp_path, monkeypatch):
+    (tmp_path / "grass.png").write_bytes(b"not a png")
+    monkeypatch.setattr(photos, "photo_folder", lambda: tmp_path)
+    photos.photo.cache_clear()
+    with pytest.raises(UserError, match="grass.png: missing or unreadable"):
+        photos.photo("grass.png")
+    photos.photo.cache_clear()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from utils.dataset.synthetic.build import build_yolo_set
 from utils.dataset.synthetic.shapes import overlaps
@@ -55,11 +56,23 @@ def photo_folder() -> Path:
 def photo(name: str) -> np.ndarray:
     """(h, w, 3) float32 BGR of a bundled photo (grey ones as three equal channels); cached per process."""
     path = photo_folder() / name
-    im = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    im = read_bgr(path)
     if im is None:
         raise UserError(f"{path}: missing or unreadable; the 'photos' data kind needs scikit-image >= 0.19 with its "
                         "bundled photos")
     return im.astype(np.float32)
+
+
+def read_bgr(path: Path) -> np.ndarray | None:
+    """(h, w, 3) uint8 BGR, or None where unreadable. PNGs go through Pillow: the pixels are the same as
+    OpenCV's, but OpenCV's libpng prints a warning on stderr for page.png's colour profile in every process."""
+    if path.suffix.lower() != ".png":
+        return cv2.imread(str(path), cv2.IMREAD_COLOR)
+    try:
+        with Image.open(path) as im:
+            return np.ascontiguousarray(np.asarray(im.convert("RGB"))[..., ::-1])
+    except OSError:
+        return None
 
 
 def is_grey(im: np.ndarray) -> bool:
