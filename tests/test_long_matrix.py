@@ -146,13 +146,13 @@ def test_verdicts_compare_every_model_at_the_cells_budget():
     late_p2 = _run("yolov5n-p2", [0.0, 0.1, 0.2, 0.25, 0.25, 0.25, 0.25, 0.5, 0.5, 0.5])  # best after the budget
     (line,) = converged_verdicts([_run("yolov5n", [0.1] * 10), late_p2, ffca], OPT)
     assert line == ("photos 160 px seed 0 (converged: compared at 5 epochs): ffca-yolo-n 0.3000 vs yolov5n-p2 "
-                    "0.2500, 3.00x yolov5n: meets")
+                    "0.2500, 3.000x yolov5n: meets")
     rising = _run("yolov5n-p2", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     (line,) = converged_verdicts([_run("yolov5n", [0.1] * 10), rising, ffca], OPT)
     assert "(not converged: the best run still improved" in line and line.endswith("misses p2")
     (line,) = converged_verdicts([_run("yolov5n", [0.1] * 4, state="running"), rising, ffca], OPT)
     assert line == ("photos 160 px seed 0 (running: compared at 4 epochs, as far as every run has got): ffca-yolo-n "
-                    "0.3000 vs yolov5n-p2 0.3000, 3.00x yolov5n: meets")  # p2's later epochs are not counted
+                    "0.3000 vs yolov5n-p2 0.3000, 3.000x yolov5n: meets")  # p2's later epochs are not counted
     (line,) = converged_verdicts([_run("yolov5n", [0.1] * 4), rising, ffca], OPT)
     assert line.endswith("(not judged: yolov5n stopped early at epoch 4, by the per-run patience this command "
                          "used before; training again sets it aside and trains it over the whole schedule)")

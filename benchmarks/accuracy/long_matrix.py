@@ -195,7 +195,7 @@ def cell_verdict(runs: tuple, opt) -> str:
         state = f"not converged: the best run still improved within {opt.patience} epochs of the schedule's end"
     ffca, p2, v5 = (summarise(r["curve"][:budget], opt.auc_epochs)["map"] for r in runs)
     misses = [what for what, ok in (("p2", ffca >= p2), ("1.1x yolov5n", ffca >= 1.1 * v5)) if not ok]
-    ratio = f"{ffca / v5:.2f}x yolov5n" if v5 else "yolov5n at 0"
+    ratio = f"{ffca / v5:.3f}x yolov5n" if v5 else "yolov5n at 0"
     return (f"({state}): ffca-yolo-n {ffca:.4f} vs yolov5n-p2 {p2:.4f}, {ratio}: "
             + ("meets" if not misses else "misses " + " and ".join(misses)))
 
