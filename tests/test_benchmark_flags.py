@@ -30,15 +30,15 @@ class Captured(Exception):
     """Raised by the capturing parse_checked with the command's parser and rules."""
 
 
-def _parser_and_rules(module, monkeypatch):
+def _parser_and_rules(module):
     def capture(parser, rules, argv=None):
         raise Captured(parser, rules)
 
-    monkeypatch.setattr(module, "parse_checked", capture, raising=False)
-    monkeypatch.setattr(benchmarks.cli, "parse_checked", capture)  # for a command that imports it late
-    with pytest.raises(Captured) as captured:
-        module.main([])
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # undoes these two only, not the no_work fixture's
+        patch.setattr(module, "parse_checked", capture, raising=False)
+        patch.setattr(benchmarks.cli, "parse_checked", capture)  # for a command that imports it late
+        with pytest.raises(Captured) as captured:
+            module.main([])
     return captured.value.args
 
 
@@ -59,7 +59,7 @@ def _required(parser) -> list:
 
 
 @pytest.fixture
-def no_work(monkeypatch):
+def no_work(monkeypatch, tmp_path):
     """Starting a worker or a child process fails the test: the flags must be checked first."""
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the flags were checked")
@@ -67,6 +67,7 @@ def no_work(monkeypatch):
     for target, name in [(concurrent.futures, "ProcessPoolExecutor"), (benchmarks.cli, "ProcessPoolExecutor"),
                          (subprocess, "run"), (subprocess, "Popen")]:
         monkeypatch.setattr(target, name, refuse)
+    monkeypatch.chdir(tmp_path)  # the stand-in "x" of a required --out would be a folder here, not in the repository
 
 
 def test_every_command_is_walked():
@@ -74,9 +75,9 @@ def test_every_command_is_walked():
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_one_bad_value_per_numeric_flag_is_one_line_before_any_work(command, capsys, monkeypatch, no_work):
+def test_one_bad_value_per_numeric_flag_is_one_line_before_any_work(command, capsys, no_work):
     module = importlib.import_module(command)
-    parser, rules = _parser_and_rules(module, monkeypatch)
+    parser, rules = _parser_and_rules(module)
     flags = _numeric_flags(parser)
     assert flags, command
     for action in flags:
@@ -142,10 +143,9 @@ def _flags_named(parser, dests) -> list:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_missing_input_file_or_an_out_that_is_a_file_is_one_line_before_any_work(command, tmp_path, capsys,
-                                                                                   monkeypatch, no_work):
+def test_a_missing_input_file_or_an_out_that_is_a_file_is_one_line_before_any_work(command, tmp_path, capsys, no_work):
     module = importlib.import_module(command)
-    parser, rules = _parser_and_rules(module, monkeypatch)
+    parser, _ = _parser_and_rules(module)
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("kept")
     bad = [(a, str(tmp_path / "missing.yaml"), "file not found") for a in _flags_named(parser, INPUT_FILES)]
