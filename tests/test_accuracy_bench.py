@@ -109,13 +109,21 @@ def test_finished_row_reuses_a_saved_row_and_skips_unfinished_runs(tmp_path):
     assert finished_row(job) == saved
 
 
-def test_report_only_needs_the_matrix_folder(capsys):
-    from benchmarks.accuracy.matrix import main, parse_opt
+def test_report_only_needs_the_matrix_folder_and_generates_nothing(capsys, tmp_path, monkeypatch):
+    from benchmarks.accuracy import matrix
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["--report-only"])
+        matrix.main(["--report-only"])
     assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("ERROR: --report-only needs --out")
-    assert parse_opt(["--report-only", "--out", "m"]).report_only
+    with pytest.raises(SystemExit) as exit_info:
+        matrix.main(["--report-only", "--out", str(tmp_path / "typo")])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"ERROR: --out {tmp_path / 'typo'}: no runs there to report; the same command without --report-only trains them")
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "m" / "runs").mkdir(parents=True)
+    monkeypatch.setattr(matrix, "make_data", lambda *a, **k: pytest.fail("a report generated data"))
+    report = matrix.main(["--report-only", "--out", str(tmp_path / "m"), "--kinds", "glyphs", "--sizes", "64"])
+    assert report.startswith("| kind |") and not (tmp_path / "m" / "data").exists()
 
 
 def test_reruns_with_other_training_seeds_get_their_own_runs_and_verdicts():

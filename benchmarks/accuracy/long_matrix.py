@@ -35,11 +35,11 @@ import shutil
 import time
 from pathlib import Path
 
-from benchmarks.accuracy.matrix import (BANDS, COMPARED_MODELS, DEFAULT_MODELS, KINDS, check_image_sizes, compared_cells,
-                                       make_data)
+from benchmarks.accuracy.matrix import (BANDS, COMPARED_MODELS, DEFAULT_MODELS, KINDS, check_image_sizes,
+                                       check_report_folder, compared_cells, make_data)
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import exit_on_user_error
 from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,8 +243,8 @@ def parse_opt(argv=None):
     p.add_argument("--report-only", action="store_true", help="train nothing: report finished and running runs")
     opt = parse_checked(p, RULES, argv)
     check_image_sizes("--size", [opt.size])
-    if opt.report_only and not (opt.out / "runs").is_dir():
-        raise UserError(f"--out {opt.out}: no runs there to report; the same command without --report-only trains them")
+    if opt.report_only:
+        check_report_folder(opt.out)
     return opt
 
 

@@ -61,11 +61,21 @@ def make_data(kind: str, size: int, seed: int, n_train: int, n_val: int, out: Pa
     from utils.dataset.synthetic.photos import make_photos
     from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
 
-    root = out / "data" / f"{kind}-{size}-s{seed}"
-    if root.with_suffix(".yaml").exists():
-        return root.with_suffix(".yaml")
+    if cell_data_yaml(kind, size, seed, out).exists():
+        return cell_data_yaml(kind, size, seed, out)
     make = {"shapes": make_tiny_shapes, "glyphs": make_glyphs, "photos": make_photos}[kind]
-    return make(root, n_train, n_val, seed, size=size)
+    return make(cell_data_yaml(kind, size, seed, out).with_suffix(""), n_train, n_val, seed, size=size)
+
+
+def cell_data_yaml(kind: str, size: int, seed: int, out: Path) -> Path:
+    """Where the data YAML of one cell is (or will be) under ``out``."""
+    return out / "data" / f"{kind}-{size}-s{seed}.yaml"
+
+
+def check_report_folder(out: Path) -> None:
+    """``--report-only`` reports runs that exist: a folder without any is one line, not an empty table."""
+    if not (out / "runs").is_dir():
+        raise UserError(f"--out {out}: no runs there to report; the same command without --report-only trains them")
 
 
 def results_rows(results_csv: Path) -> list[dict]:
@@ -244,13 +254,14 @@ def median_first(model_runs: list[dict]) -> tuple[str, int]:
 
 def jobs_for(opt: argparse.Namespace, out: Path) -> list[dict]:
     """One job per (kind, size, seed, training seed, model), data generated up front (cheap, and shared by
-    the cell's runs)."""
+    the cell's runs); a report generates nothing."""
     jobs = []
     plain = {"epochs": opt.epochs, "batch_size": opt.batch_size, "hyp": str(opt.hyp)}
     for kind in opt.kinds:
         for size in opt.sizes:
             for seed in opt.seeds:
-                data = make_data(kind, size, seed, opt.n_train, opt.n_val, out)
+                data = (cell_data_yaml(kind, size, seed, out) if opt.report_only
+                        else make_data(kind, size, seed, opt.n_train, opt.n_val, out))
                 jobs += [{"kind": kind, "size": size, "seed": seed, "train_seed": t, "model": m, "data": str(data),
                           "out": str(out), "cfg": str(variant_yaml(m, out / "models")), "opt": plain}
                          for t in (opt.train_seeds or [seed]) for m in opt.models]
@@ -292,6 +303,8 @@ def parse_opt(argv=None) -> argparse.Namespace:
     check_image_sizes("--sizes", opt.sizes)
     if opt.report_only and opt.out is None:
         p.error("--report-only needs --out, the folder of the matrix to report")
+    if opt.report_only:
+        check_report_folder(opt.out)
     return opt
 
 
