@@ -137,7 +137,6 @@ def test_every_kind_generates_at_the_smallest_size_the_check_lets_through(tmp_pa
         assert len(labels) == 3 and all(f.read_text().strip() for f in labels), kind  # objects in every image
 
 
-
 def _flags_named(parser, dests) -> list:
     return [a for a in parser._actions if a.dest in dests and a.option_strings]
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from benchmarks.accuracy.matrix import (BANDS, COMPARED_MODELS, DEFAULT_MODELS, KINDS, check_image_sizes,
-                                       check_report_folder, compared_cells, make_data)
+                                       cell_data_yaml, check_report_folder, compared_cells, make_data)
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
@@ -207,13 +207,14 @@ def converged_verdicts(rows: list[dict], opt) -> list[str]:
 
 
 def jobs_for(opt, out: Path, generate: bool = True) -> list[dict]:
-    """One job per (kind, seed, model); with ``generate`` each cell's data is made first (else not needed)."""
+    """One job per (kind, seed, model); with ``generate`` each cell's data is made first (a report needs none)."""
     plain = {"max_epochs": opt.max_epochs, "patience": opt.patience, "batch_size": opt.batch_size,
              "hyp": str(opt.hyp), "auc_epochs": opt.auc_epochs}
     jobs = []
     for kind in opt.kinds:
         for seed in opt.seeds:
-            data = make_data(kind, opt.size, seed, opt.n_train, opt.n_val, out) if generate else None
+            data = (make_data(kind, opt.size, seed, opt.n_train, opt.n_val, out) if generate
+                    else cell_data_yaml(kind, opt.size, seed, out))
             jobs += [{"kind": kind, "size": opt.size, "seed": seed, "model": m, "data": str(data), "out": str(out),
                       "cfg": str(variant_yaml(m, out / "models")), "opt": plain} for m in opt.models]
     return jobs

@@ -61,10 +61,11 @@ def make_data(kind: str, size: int, seed: int, n_train: int, n_val: int, out: Pa
     from utils.dataset.synthetic.photos import make_photos
     from utils.dataset.synthetic.tiny_shapes import make_tiny_shapes
 
-    if cell_data_yaml(kind, size, seed, out).exists():
-        return cell_data_yaml(kind, size, seed, out)
+    yaml_path = cell_data_yaml(kind, size, seed, out)
+    if yaml_path.exists():
+        return yaml_path
     make = {"shapes": make_tiny_shapes, "glyphs": make_glyphs, "photos": make_photos}[kind]
-    return make(cell_data_yaml(kind, size, seed, out).with_suffix(""), n_train, n_val, seed, size=size)
+    return make(yaml_path.with_suffix(""), n_train, n_val, seed, size=size)
 
 
 def cell_data_yaml(kind: str, size: int, seed: int, out: Path) -> Path:
@@ -301,9 +302,9 @@ def parse_opt(argv=None) -> argparse.Namespace:
                    help="train nothing: report the runs that finished under --out (an interrupted or running matrix)")
     opt = parse_checked(p, RULES, argv)
     check_image_sizes("--sizes", opt.sizes)
-    if opt.report_only and opt.out is None:
-        p.error("--report-only needs --out, the folder of the matrix to report")
     if opt.report_only:
+        if opt.out is None:
+            p.error("--report-only needs --out, the folder of the matrix to report")
         check_report_folder(opt.out)
     return opt
 
