@@ -7,7 +7,6 @@ uninterrupted run is using by then. These runs end with the uninterrupted run's 
 the reduction order is independent of the bucket layout (utils/ddp.py, ``rank_ordered_mean_hook``).
 """
 
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import launcher_env
+from tests.support.launchers import launcher_env, sigterm_launcher_with_workers_frozen
 from tests.support.run_outputs import assert_identical
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,18 +44,19 @@ def saved_position(last_pt: Path):
 
 
 def sigterm_in_epoch_one(cmd: list, last_pt: Path, log: Path) -> subprocess.CompletedProcess:
-    """Start ``cmd`` and send its launcher SIGTERM once epoch 0's checkpoint is on disk.
+    """Start ``cmd`` and send its launcher SIGTERM once a step of epoch 1 is saved.
 
-    The signal then lands early in epoch 1 (or while epoch 0's checkpoint is written); every rank finishes the
-    step it is in, so the stop is at a batch of epoch 1 whatever the machine's load delays.
+    The workers are stopped while the launcher passes the signal on, so each handles it in the step it was
+    stopped in and the run stops within epoch 1 however busy the machine is (unfrozen, a loaded machine's
+    delay once let a 4-rank run finish epoch 1 before the signal arrived).
     """
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.time() + TIMEOUT_S
         while proc.poll() is None and time.time() < deadline:
             position = saved_position(last_pt)
-            if position is not None and position >= (1, 0):
-                proc.send_signal(signal.SIGTERM)
+            if position is not None and position >= (1, 1):
+                sigterm_launcher_with_workers_frozen(proc)
                 break
             time.sleep(0.05)
         proc.wait(timeout=TIMEOUT_S)

@@ -49,3 +49,54 @@ def kill_when(cmd, last_pt: Path, position_ok, timeout: float = 240) -> list:
         proc.kill()
         proc.wait()
     return position
+
+
+def child_pids(pid: int) -> list:
+    """The direct children of ``pid`` (Linux /proc): torchrun's worker processes."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+
+def proc_status(pid: int) -> dict:
+    """``/proc/<pid>/status`` as a dict of its fields (Linux)."""
+    return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+
+
+def is_stopped(pid: int) -> bool:
+    return proc_status(pid)["State"].startswith("T")
+
+
+def has_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` waits undelivered on ``pid`` (for a stopped process: sent, not yet handled)."""
+    status = proc_status(pid)
+    return any(int(status[field], 16) >> (signum - 1) & 1 for field in ("SigPnd", "ShdPnd"))
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out after {timeout} s waiting until {what}"
+        time.sleep(0.01)
+
+
+def sigterm_launcher_with_workers_frozen(launcher: subprocess.Popen, timeout: float = 120) -> None:
+    """SIGTERM ``launcher`` (torchrun) as a scheduler would, with its workers stopped until it has passed the
+    signal on to every one of them.
+
+    Without the freeze, a busy machine's delay between the signal and its handling lets the workers run on,
+    up to the end of the run; with it, every worker handles SIGTERM in the step it was stopped in. SIGTERM
+    goes out only once every worker is seen stopped: a worker that received SIGSTOP but was not yet stopped
+    takes SIGTERM (the lower number) first, and then shows nothing pending.
+    """
+    workers = child_pids(launcher.pid)
+    assert workers, "the launcher has no worker processes to stop"
+    try:
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: all(map(is_stopped, workers)), timeout, "every worker is stopped")
+        launcher.send_signal(signal.SIGTERM)
+        wait_for(lambda: all(has_pending(pid, signal.SIGTERM) for pid in workers), timeout,
+                 "the launcher has passed SIGTERM on to every worker")
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
