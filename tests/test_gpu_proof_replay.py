@@ -179,9 +179,13 @@ def test_replay_produces_every_row_kind_in_every_section(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("release", ["2.9", "2.11"])
-def test_a_slow_run_and_cut_information_rows_give_exit_3_not_1(tmp_path, release):
-    """Issue 37 finding 3: speed alone made the verdict FAIL; now a run at the deadline leaves it undecided."""
+def test_a_slow_run_and_cut_information_rows_give_exit_3_not_1(tmp_path):
+    """Issue 37 finding 3: speed alone made the verdict FAIL; now a run at the deadline leaves it undecided.
+
+    On the device image's torch (2.11); every release's ops outcomes are replayed by the fast tests above, so a
+    second whole-plan replay (about 45 s) would add no branch.
+    """
+    release = "2.11"
     table = tmp_path / "slow.json"
     table.write_text(json.dumps({**recorded(release), "killed_at_deadline": ["tiny-again"],
                                  "budget_cut_after_timing_rows": 2}))
