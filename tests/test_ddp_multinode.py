@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
-from tests.support.launchers import launcher_env
+from tests.support.launchers import child_pids, launcher_env, sigterm_launcher_with_workers_frozen
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "1", "--device", "cpu", "--workers", "0",
@@ -61,23 +61,10 @@ def stop_all(procs: list) -> None:
         proc.wait()
 
 
-def children(pid: int) -> list:
-    """Process ids whose parent is ``pid`` (Linux /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the process ended while we looked
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def kill_node(launcher: subprocess.Popen) -> None:
     """SIGKILL a node as a machine failure would: the launcher and its workers, which torchrun starts in
     process groups of their own (killing the launcher alone leaves them training)."""
-    for pid in [launcher.pid, *children(launcher.pid)]:
+    for pid in [launcher.pid, *child_pids(launcher.pid)]:
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
         except ProcessLookupError:
@@ -155,7 +142,7 @@ def test_sigterm_to_one_node_stops_both_and_resuming_both_ends_as_the_uninterrup
     try:
         # SIGTERM before the first step ends: 4 steps and a validation remain, so the run cannot finish first
         wait_for_line(procs[0], logs / "stopped" / "node0.log", "Starting training")
-        procs[1].send_signal(signal.SIGTERM)
+        sigterm_launcher_with_workers_frozen(procs[1])
         sent = time.monotonic()
         codes = [proc.wait(timeout=STOP_S) for proc in procs]
         stopped_in = time.monotonic() - sent
