@@ -368,6 +368,26 @@ def test_environment_report_is_plain_and_complete(capsys):
     assert f"torch: {torch.__version__}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_environment_report_names_the_cpu_kernels_in_use_not_the_processors_best():
+    """Two machines' runs differ when ATen's CPU kernels differ in vector width (docs/accuracy.md): the report
+    gives the width in use, which ATEN_CPU_CAPABILITY can lower below what the processor offers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from utils.determinism.env import environment_report
+
+    root = Path(__file__).resolve().parents[1]
+    report = environment_report()
+    assert report["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert report["cpu"] is None or (isinstance(report["cpu"], str) and report["cpu"])
+    lowered = subprocess.run([sys.executable, "-m", "utils.determinism.env"], cwd=root, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert lowered.returncode == 0, lowered.stderr[-2000:]
+    assert "cpu_capability: DEFAULT" in lowered.stdout.splitlines()
+
+
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_optimizer_for_a_model_without_biases_keeps_three_groups(name):
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False))

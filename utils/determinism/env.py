@@ -35,6 +35,16 @@ def _gpus() -> list[dict]:
     return gpus
 
 
+def _cpu_model() -> str | None:
+    """The processor's model name (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` knows, if anything)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else (platform.processor() or None)
+
+
 def environment_report() -> dict:
     """Versions, CUDA/cuDNN, GPUs, thread counts and determinism state as plain data."""
     cuda_available = torch.cuda.is_available()
@@ -50,6 +60,9 @@ def environment_report() -> dict:
         "cuda_version": torch.version.cuda,
         "cudnn_version": torch.backends.cudnn.version() if cudnn_available else None,
         "gpus": _gpus() if cuda_available else [],
+        "cpu": _cpu_model(),
+        # the vector width of ATen's CPU kernels: processors that differ here round some sums differently
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
