@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
-from tests.support.launchers import child_pids, launcher_env, sigterm_launcher_with_workers_frozen
+from tests.support.launchers import child_pids, launcher_env, sigterm_passed_on, workers_frozen
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "1", "--device", "cpu", "--workers", "0",
@@ -142,7 +142,8 @@ def test_sigterm_to_one_node_stops_both_and_resuming_both_ends_as_the_uninterrup
     try:
         # SIGTERM before the first step ends: 4 steps and a validation remain, so the run cannot finish first
         wait_for_line(procs[0], logs / "stopped" / "node0.log", "Starting training")
-        sigterm_launcher_with_workers_frozen(procs[1])
+        with workers_frozen(procs[1]) as workers:
+            sigterm_passed_on(procs[1], workers)
         sent = time.monotonic()
         codes = [proc.wait(timeout=STOP_S) for proc in procs]
         stopped_in = time.monotonic() - sent

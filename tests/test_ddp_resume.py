@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import launcher_env, sigterm_launcher_with_workers_frozen
+from tests.support.launchers import child_pids, launcher_env, sigterm_passed_on, workers_frozen
 from tests.support.run_outputs import assert_identical
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,20 +44,22 @@ def saved_position(last_pt: Path):
 
 
 def sigterm_in_epoch_one(cmd: list, last_pt: Path, log: Path) -> subprocess.CompletedProcess:
-    """Start ``cmd`` and send its launcher SIGTERM once a step of epoch 1 is saved.
+    """Start ``cmd`` and send its launcher SIGTERM as soon as epoch 0's checkpoint is on disk.
 
-    The workers are stopped while the launcher passes the signal on, so each handles it in the step it was
-    stopped in and the run stops within epoch 1 however busy the machine is (unfrozen, a loaded machine's
-    delay once let a 4-rank run finish epoch 1 before the signal arrived).
+    Each look at ``last.pt`` is made with the workers stopped, so none is missed while the file is replaced (it
+    is saved after every step) and none goes stale before the signal: the workers handle it in the step they
+    were stopped in, early in epoch 1, on an idle machine (fast steps) as on a loaded one (slow delivery).
     """
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.time() + TIMEOUT_S
         while proc.poll() is None and time.time() < deadline:
-            position = saved_position(last_pt)
-            if position is not None and position >= (1, 1):
-                sigterm_launcher_with_workers_frozen(proc)
-                break
+            if child_pids(proc.pid):
+                with workers_frozen(proc) as workers:
+                    position = saved_position(last_pt)
+                    if position is not None and position >= (1, 0):
+                        sigterm_passed_on(proc, workers)
+                        break
             time.sleep(0.05)
         proc.wait(timeout=TIMEOUT_S)
     return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text())

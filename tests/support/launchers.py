@@ -1,5 +1,6 @@
 """Launching train.py in a child process: its command line, a clean launcher environment, a timed SIGKILL."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,14 +80,13 @@ def wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
-def sigterm_launcher_with_workers_frozen(launcher: subprocess.Popen, timeout: float = 120) -> None:
-    """SIGTERM ``launcher`` (torchrun) as a scheduler would, with its workers stopped until it has passed the
-    signal on to every one of them.
+@contextlib.contextmanager
+def workers_frozen(launcher: subprocess.Popen, timeout: float = 120):
+    """Stop (SIGSTOP) the launcher's worker processes, wait until every one is seen stopped, yield their ids,
+    and let them go on (SIGCONT) at the end. While they are stopped nothing they write changes.
 
-    Without the freeze, a busy machine's delay between the signal and its handling lets the workers run on,
-    up to the end of the run; with it, every worker handles SIGTERM in the step it was stopped in. SIGTERM
-    goes out only once every worker is seen stopped: a worker that received SIGSTOP but was not yet stopped
-    takes SIGTERM (the lower number) first, and then shows nothing pending.
+    The wait matters for a signal sent inside: a worker that received SIGSTOP but was not yet stopped takes a
+    lower-numbered signal such as SIGTERM first, and then shows nothing pending.
     """
     workers = child_pids(launcher.pid)
     assert workers, "the launcher has no worker processes to stop"
@@ -94,9 +94,17 @@ def sigterm_launcher_with_workers_frozen(launcher: subprocess.Popen, timeout: fl
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         wait_for(lambda: all(map(is_stopped, workers)), timeout, "every worker is stopped")
-        launcher.send_signal(signal.SIGTERM)
-        wait_for(lambda: all(has_pending(pid, signal.SIGTERM) for pid in workers), timeout,
-                 "the launcher has passed SIGTERM on to every worker")
+        yield workers
     finally:
         for pid in workers:
             os.kill(pid, signal.SIGCONT)
+
+
+def sigterm_passed_on(launcher: subprocess.Popen, workers: list, timeout: float = 120) -> None:
+    """SIGTERM ``launcher`` (torchrun) as a scheduler would, and wait until it has passed the signal on to every
+    one of its ``workers``, frozen by :func:`workers_frozen`: each then handles it in the step it was stopped
+    in, however long a busy machine takes to deliver it (unfrozen, a loaded machine once let the workers run
+    to the end of the epoch first)."""
+    launcher.send_signal(signal.SIGTERM)
+    wait_for(lambda: all(has_pending(pid, signal.SIGTERM) for pid in workers), timeout,
+             "the launcher has passed SIGTERM on to every worker")
