@@ -4,6 +4,7 @@
 difference between two runs can be traced to a difference between two machines.
 """
 
+import contextlib
 import os
 import platform
 import sys
@@ -37,12 +38,10 @@ def _gpus() -> list[dict]:
 
 def _cpu_model() -> str | None:
     """The processor's model name (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` knows, if anything)."""
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         with open("/proc/cpuinfo") as info:
-            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-    except OSError:
-        names = []
-    return names[0] if names else (platform.processor() or None)
+            return next(line for line in info if line.startswith("model name")).split(":", 1)[1].strip()
+    return platform.processor() or None
 
 
 def environment_report() -> dict:
