@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,9 @@ from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group,
                        max_over_ranks, per_rank_batch_size, rank_ordered_mean_hook)
-from utils.determinism.env import environment_report  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
-from utils.files import ensure_writable_dir, increment_path, yaml_load, yaml_save  # noqa: E402
+from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.training.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
 from utils.training.lost_peer import exit_on_lost_peer  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
@@ -59,6 +59,7 @@ from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
 from utils.training.results_log import ResultsLog  # noqa: E402
 from utils.tracking import LOGGERS, check_loggers, start_tracking  # noqa: E402
+from utils.training.run_folder import check_run_folder_free, created_run_folder, latest_checkpoint  # noqa: E402
 from utils.training.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                                       sigkill_after_batch, training_state)
 from utils.size_metrics import band_row  # noqa: E402
@@ -150,19 +151,12 @@ def resolve_options(opt, argv=None):
     return opt, None
 
 
-def latest_checkpoint(search_dir: Path = ROOT / "runs") -> Path:
-    """The most recently written last.pt under ``search_dir``."""
-    candidates = sorted(search_dir.glob("**/last.pt"), key=os.path.getmtime)
-    if not candidates:
-        raise UserError(f"--resume: no last.pt found under {search_dir}; pass the checkpoint path explicitly")
-    return candidates[-1]
-
-
 def resume_options(opt, argv=None):
     """Load the checkpoint named by --resume (or the latest) and restore its options."""
-    path = Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint()
+    path = Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(ROOT / "runs")
     if path.is_dir():
         path = path / "weights" / "last.pt"
+    check_run_folder_free(path.parent.parent, f"--resume {path}")
     ckpt = load_checkpoint(path)
     if ckpt.get("finished") or "optimizer" not in ckpt or ckpt.get("optimizer") is None:
         raise UserError(f"--resume {path}: that run finished; there is nothing to resume "
@@ -213,14 +207,12 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
     return model
 
 
-def create_run_folder(save_dir: Path, opt, hyp: dict) -> None:
-    """The run folder with hyp.yaml, opt.yaml and environment.yaml (what reruns or explains the run), once options,
-    data and loaders are checked; an unwritable folder is one UserError line before any training."""
-    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project}"
-    ensure_writable_dir(save_dir / "weights", where)
-    yaml_save(save_dir / "hyp.yaml", hyp)
-    yaml_save(save_dir / "opt.yaml", plain_opt(opt))
-    yaml_save(save_dir / "environment.yaml", environment_report())
+def run_folder(save_dir: Path, opt, hyp: dict, is_main: bool):
+    """The run folder, created and held by the main process for a ``with`` block (see utils/training/run_folder.py)."""
+    if not is_main:
+        return nullcontext()
+    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project} --name {opt.name}"
+    return created_run_folder(save_dir, where, hyp, plain_opt(opt))
 
 
 # ---------------------------------------------------------------------------------------- train
@@ -275,33 +267,40 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     per_rank_batch = per_rank_batch_size(opt, dist)
     train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid_size)
-    if dist.is_main:  # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
-        create_run_folder(save_dir, opt, hyp)
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
                      plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
                      results_log=ResultsLog(save_dir / "results.csv"),
                      saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt))
+    # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
+    with run_folder(save_dir, opt, hyp, dist.is_main):
+        loop = start_loop(ctx, model, hyp, amp, dataset, resume_ckpt, audit, audit_path)
+        with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror, \
+                out_of_memory_hint("training", per_rank_batch, imgsz, device, saved=ctx.saver.describe):
+            return report_run_end(ctx, loop, *loop.run())
+
+
+def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckpt, audit, audit_path) -> "TrainLoop":
+    """The training loop at its first step: a new run's labels and anchors checked, or a resumed run's state
+    restored (its random state last: start-up work may draw numbers); determinism.json written."""
     if resume_ckpt is None:
         prepare_new_run(dataset, model, hyp, ctx)
-        hyp = resolve_nwd_constant(hyp, dataset.labels, dataset.shapes, imgsz, dist.is_main and save_dir / "hyp.yaml",
-                                   scale=box_scale(dataset.shapes, opt.train_tiles))
-
+        hyp = resolve_nwd_constant(hyp, dataset.labels, dataset.shapes, ctx.imgsz,
+                                   ctx.dist.is_main and ctx.save_dir / "hyp.yaml",
+                                   scale=box_scale(dataset.shapes, ctx.opt.train_tiles))
     loop = TrainLoop(ctx, model, hyp, amp)
     if resume_ckpt is not None:
         loop.restore(resume_ckpt)
         ctx.results_log.truncate(loop.start_epoch)
-        LOGGER.info(f"Resuming {opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
+        LOGGER.info(f"Resuming {ctx.opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
     loop.wrap_ddp()
-    if dist.is_main:
-        write_json(save_dir / "determinism.json", determinism_report(
-            policy=policy, audit=audit, audit_path=audit_path, opt=opt, dist=dist, dataset=dataset, device=device))
+    if ctx.dist.is_main:
+        write_json(ctx.save_dir / "determinism.json", determinism_report(
+            policy=ctx.policy, audit=audit, audit_path=audit_path, opt=ctx.opt, dist=ctx.dist, dataset=dataset,
+            device=ctx.device))
     if resume_ckpt is not None:
-        set_rng_state(resume_ckpt["rng"], rank=dist.rank, device=device)  # last: start-up work may draw numbers
-
-    with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror, out_of_memory_hint(
-            "training", per_rank_batch, imgsz, device, saved=ctx.saver.describe):
-        return report_run_end(ctx, loop, *loop.run())
+        set_rng_state(resume_ckpt["rng"], rank=ctx.dist.rank, device=ctx.device)
+    return loop
 
 
 def report_run_end(ctx: RunContext, loop, results, last_epoch):

@@ -87,7 +87,8 @@ def case(tmp_path, tiny_weights, tiny_cfg, shapes_data):
         if entry == "train.py":
             return (lambda argv: (setattr(sys, "argv", ["train.py", *argv]), train.cli()),
                     ["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64", "--epochs", "1",
-                     "--device", "cpu", "--workers", "0", "--project", str(disk)], disk, ())
+                     "--device", "cpu", "--workers", "0", "--project", str(disk)], disk,
+                    ("train: Scanning", "val: Scanning"))  # the scan shows while the session's labels have no cache
         if entry == "val.py":
             return val.cli, ["--weights", str(tiny_weights), "--data", str(shapes_data), "--imgsz", "64",
                              "--device", "cpu", "--workers", "0", "--project", str(disk)], disk, ("val: Scanning",)

@@ -1,0 +1,91 @@
+"""One training process per run folder (utils/training/run_folder.py): the lock, a bare --resume, and train.py
+refusing a folder another training writes in."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from utils.errors import UserError
+from utils.training.run_folder import (LOCK_NAME, check_run_folder_free, holder_pid, hold_run_folder,
+                                       latest_checkpoint)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_run(folder: Path, mtime: float) -> Path:
+    last = folder / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"checkpoint")
+    os.utime(last, (mtime, mtime))
+    return last
+
+
+def test_a_held_folder_names_its_holder_and_is_free_again_after_the_block(tmp_path):
+    assert holder_pid(tmp_path) is None  # no lock file yet
+    with hold_run_folder(tmp_path, "--name exp"):
+        assert holder_pid(tmp_path) == os.getpid()
+        with pytest.raises(UserError, match=rf"^--resume x: {tmp_path} is in use: process {os.getpid()} is training"):
+            check_run_folder_free(tmp_path, "--resume x")
+        with pytest.raises(UserError, match=f"--name exp: {tmp_path} is in use"):
+            with hold_run_folder(tmp_path, "--name exp"):  # a second holder, even in the same process
+                pass
+    assert (tmp_path / LOCK_NAME).is_file() and holder_pid(tmp_path) is None
+    check_run_folder_free(tmp_path, "--resume x")
+
+
+def test_a_bare_resume_never_picks_a_run_that_is_still_training(tmp_path):
+    older = make_run(tmp_path / "exp", 1_000_000)
+    newer = make_run(tmp_path / "exp2", 2_000_000)
+    assert latest_checkpoint(tmp_path) == newer
+    with hold_run_folder(tmp_path / "exp2", "--name exp2"):
+        with pytest.raises(UserError) as raised:
+            latest_checkpoint(tmp_path)
+        message = str(raised.value)
+        assert f"the newest last.pt is {newer}" in message and f"e.g. --resume {older}" in message
+        with hold_run_folder(tmp_path / "exp", "--name exp"):
+            with pytest.raises(UserError, match="wait for that run to end"):
+                latest_checkpoint(tmp_path)
+    assert latest_checkpoint(tmp_path) == newer
+
+
+def test_no_checkpoint_to_resume_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=f"no last.pt found under {tmp_path}"):
+        latest_checkpoint(tmp_path)
+
+
+@pytest.mark.slow
+def test_train_refuses_a_folder_another_training_writes_and_the_lock_dies_with_it(shapes_data, tiny_cfg, tmp_path):
+    """A second train.py into the live run's folder (--exist-ok, or --resume of it) exits 2 with one line and
+    changes nothing there; SIGKILL of the live run leaves no stale lock."""
+    run = tmp_path / "exp"
+    live = subprocess.Popen(
+        [sys.executable, "train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64",
+         "--batch-size", "2", "--epochs", "200", "--workers", "0", "--device", "cpu", "--noplots",
+         "--project", str(tmp_path), "--name", "exp"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        for line in live.stdout:
+            if line.startswith("Starting training"):
+                break
+        assert live.poll() is None and holder_pid(run) == live.pid
+        start_files = ("hyp.yaml", "opt.yaml", "environment.yaml")  # what a second run would write first
+        written = {name: (run / name).read_bytes() for name in start_files}
+        second = ["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64", "--epochs", "1",
+                  "--device", "cpu", "--project", str(tmp_path), "--name", "exp", "--exist-ok"]
+        for flags in (second, ["--resume", str(run)]):
+            out = subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, capture_output=True, text=True,
+                                 timeout=300)
+            assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+            error = [line for line in out.stderr.splitlines() if line.strip()][-1]
+            assert error.startswith("ERROR: --") and f"{run} is in use: process {live.pid} is training" in error
+            assert "Traceback" not in out.stderr
+        assert live.poll() is None
+        assert {name: (run / name).read_bytes() for name in start_files} == written
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.communicate(timeout=60)
+    assert holder_pid(run) is None

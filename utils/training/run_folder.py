@@ -1,0 +1,122 @@
+"""A training run's folder: created once every check has passed, and held by one training process.
+
+Two processes writing the same run folder interleave their rows in ``results.csv`` and overwrite each
+other's ``last.pt``; neither run can then be trusted or resumed exactly. That happens easily: a bare
+``train.py --resume`` picks the newest ``last.pt``, which is the run still training in the other
+terminal, and ``--exist-ok`` reuses a folder whatever is writing in it.
+
+The main process of a run holds an exclusive ``flock`` on ``<run>/.train.lock`` from the moment it
+creates the folder until ``train`` returns. The kernel drops the lock when the process dies, SIGKILL
+included, so an interrupted run never leaves a stale lock behind. The file keeps the holder's pid for
+the message. Platforms without ``fcntl`` (Windows) train without the check.
+"""
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from utils.determinism.env import environment_report
+from utils.errors import UserError
+from utils.files import ensure_writable_dir, yaml_save
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+LOCK_NAME = ".train.lock"
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _pid_in(fd: int) -> int:
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return int(text) if text.isdigit() else 0  # 0: the holder has not written its pid yet
+
+
+def holder_pid(folder) -> int | None:
+    """The pid of the process training in run folder ``folder`` (0 when not yet known), or None when no
+    process holds it."""
+    lock = Path(folder) / LOCK_NAME
+    if fcntl is None or not lock.is_file():
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # unreadable: the folder's permissions decide, as they did before this check
+        return None
+    try:
+        if _try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return _pid_in(fd)
+    finally:
+        os.close(fd)
+
+
+def in_use(folder, pid: int) -> str:
+    return f"{folder} is in use: {f'process {pid}' if pid else 'another process'} is training in it"
+
+
+WAIT_OR_STOP = "wait for that run to end, or stop it (Ctrl-C or SIGTERM saves a resumable last.pt)"
+
+
+def check_run_folder_free(folder, where: str) -> None:
+    """One UserError line, naming ``where`` (the flag), when another process is training in ``folder``."""
+    pid = holder_pid(folder)
+    if pid is not None:
+        raise UserError(f"{where}: {in_use(folder, pid)}; {WAIT_OR_STOP}")
+
+
+@contextmanager
+def hold_run_folder(folder, where: str):
+    """Hold run folder ``folder`` (which must exist) for this process until the block ends; one UserError
+    line, naming ``where`` (the flag), when another process holds it."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _try_lock(fd):
+            raise UserError(f"{where}: {in_use(folder, _pid_in(fd))}; {WAIT_OR_STOP}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # explicitly: forked loader workers share this descriptor
+    finally:
+        os.close(fd)
+
+
+def latest_checkpoint(search_dir: Path) -> Path:
+    """The most recently written last.pt under ``search_dir`` (a bare ``--resume``), unless a process is still
+    training that run: then one UserError line naming it and the newest run that could be resumed instead."""
+    candidates = sorted(search_dir.glob("**/last.pt"), key=os.path.getmtime)
+    if not candidates:
+        raise UserError(f"--resume: no last.pt found under {search_dir}; pass the checkpoint path explicitly")
+    newest = candidates[-1]
+    pid = holder_pid(newest.parent.parent)
+    if pid is None:
+        return newest
+    idle = [c for c in candidates[:-1] if holder_pid(c.parent.parent) is None]
+    advice = f"to resume another run, name it, e.g. --resume {idle[-1]}" if idle else WAIT_OR_STOP
+    raise UserError(f"--resume: the newest last.pt is {newest}, but {in_use(newest.parent.parent, pid)}; {advice}")
+
+
+@contextmanager
+def created_run_folder(save_dir: Path, where: str, hyp: dict, opt: dict):
+    """Run folder ``save_dir`` with hyp.yaml, opt.yaml (``opt`` as plain data) and environment.yaml, what reruns
+    or explains the run, held by this process until the block ends. An unwritable folder, or one another process
+    trains in, is one UserError line naming ``where`` (the flag) before anything in it changes."""
+    ensure_writable_dir(save_dir / "weights", where)
+    with hold_run_folder(save_dir, where):
+        yaml_save(save_dir / "hyp.yaml", hyp)
+        yaml_save(save_dir / "opt.yaml", opt)
+        yaml_save(save_dir / "environment.yaml", environment_report())
+        yield
