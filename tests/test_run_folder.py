@@ -89,3 +89,13 @@ def test_train_refuses_a_folder_another_training_writes_and_the_lock_dies_with_i
         live.send_signal(signal.SIGKILL)
         live.communicate(timeout=60)
     assert holder_pid(run) is None
+
+
+def test_a_folder_where_the_lock_cannot_be_made_is_one_line(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(UserError, match=rf"^--name exp: cannot write in {tmp_path} \(Permission denied\); choose"):
+        with hold_run_folder(tmp_path, "--name exp"):
+            pass

@@ -80,7 +80,11 @@ def hold_run_folder(folder, where: str):
     if fcntl is None:
         yield
         return
-    fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(f"{where}: cannot write in {folder} ({e.strerror or type(e).__name__}); choose a writable "
+                        "folder or fix its permissions") from None
     try:
         if not _try_lock(fd):
             raise UserError(f"{where}: {in_use(folder, _pid_in(fd))}; {WAIT_OR_STOP}")
