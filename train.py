@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,8 @@ from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
 from utils.training.results_log import ResultsLog  # noqa: E402
 from utils.tracking import LOGGERS, check_loggers, start_tracking  # noqa: E402
-from utils.training.run_folder import check_run_folder_free, created_run_folder, latest_checkpoint  # noqa: E402
+from utils.training.run_folder import (check_run_folder_free, claim_run_folder, held_run_folder,  # noqa: E402
+                                       latest_checkpoint)
 from utils.training.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
                                       sigkill_after_batch, training_state)
 from utils.size_metrics import band_row  # noqa: E402
@@ -207,14 +207,6 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
     return model
 
 
-def run_folder(save_dir: Path, opt, hyp: dict, is_main: bool):
-    """The run folder, created and held by the main process for a ``with`` block (see utils/training/run_folder.py)."""
-    if not is_main:
-        return nullcontext()
-    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project} --name {opt.name}"
-    return created_run_folder(save_dir, where, hyp, plain_opt(opt))
-
-
 # ---------------------------------------------------------------------------------------- train
 
 
@@ -250,7 +242,6 @@ class RunContext:
 def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     """Train one model; returns the final (P, R, mAP50, mAP50-95, box, obj, cls) of the last validation."""
     hyp = dict(hyp)
-    save_dir = Path(opt.save_dir)
     policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
     LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
 
@@ -267,13 +258,14 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     per_rank_batch = per_rank_batch_size(opt, dist)
     train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid_size)
+    # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
+    save_dir = claim_run_folder(opt) if dist.is_main else Path(opt.save_dir)
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
                      plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
                      results_log=ResultsLog(save_dir / "results.csv"),
                      saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt))
-    # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
-    with run_folder(save_dir, opt, hyp, dist.is_main):
+    with held_run_folder(opt, hyp, dist.is_main):
         loop = start_loop(ctx, model, hyp, amp, dataset, resume_ckpt, audit, audit_path)
         with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror, \
                 out_of_memory_hint("training", per_rank_batch, imgsz, device, saved=ctx.saver.describe):

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from utils.errors import UserError
-from utils.training.run_folder import (LOCK_NAME, check_run_folder_free, holder_pid, hold_run_folder,
-                                       latest_checkpoint)
+from utils.training.run_folder import (LOCK_NAME, check_run_folder_free, claim_new_folder, holder_pid,
+                                       hold_run_folder, latest_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,3 +101,33 @@ def test_a_folder_where_the_lock_cannot_be_made_is_one_line(tmp_path, monkeypatc
     with pytest.raises(UserError, match=rf"^--name exp: cannot write in {tmp_path} \(Permission denied\); choose"):
         with hold_run_folder(tmp_path, "--name exp"):
             pass
+
+
+def test_a_new_run_whose_name_was_taken_since_start_up_takes_the_next_free_one(tmp_path):
+    base = tmp_path / "exp"
+    assert claim_new_folder(base, base) == base and base.is_dir()
+    assert claim_new_folder(base, base) == tmp_path / "exp2"  # made by a run launched beside it
+    assert claim_new_folder(tmp_path / "exp2", base) == tmp_path / "exp3"
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert claim_new_folder(blocked / "exp", blocked / "exp") == blocked / "exp"  # left to the write check's line
+
+
+@pytest.mark.slow
+def test_runs_launched_together_under_one_name_train_into_their_own_folders(shapes_data, tiny_cfg, tmp_path):
+    """Both chose runs/exp at start-up; the one that makes its folder second trains in exp2."""
+    import train
+    from utils.ddp import dist_info_from_env
+
+    opt = train.parse_opt(["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64", "--batch-size", "4",
+                           "--epochs", "1", "--workers", "0", "--device", "cpu", "--noplots", "--project",
+                           str(tmp_path), "--name", "exp"])
+    opt, _ = train.resolve_options(opt, [])
+    assert Path(opt.save_dir) == tmp_path / "exp"
+    (tmp_path / "exp").mkdir()  # the other run's folder, made while this one read its data
+    with hold_run_folder(tmp_path / "exp", "--name exp"):
+        train.train(train.load_hyp(opt), opt, torch.device("cpu"), dist_info_from_env())
+    assert opt.save_dir == str(tmp_path / "exp2")
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == [LOCK_NAME]
+    assert (tmp_path / "exp2" / "weights" / "last.pt").is_file()
+    assert yaml.safe_load((tmp_path / "exp2" / "opt.yaml").read_text())["save_dir"] == str(tmp_path / "exp2")

@@ -12,12 +12,13 @@ the message. Platforms without ``fcntl`` (Windows) train without the check.
 """
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from utils.determinism.env import environment_report
 from utils.errors import UserError
-from utils.files import ensure_writable_dir, yaml_save
+from utils.files import ensure_writable_dir, increment_path, yaml_save
+from utils.training.run_state import plain_opt
 
 try:
     import fcntl
@@ -113,6 +114,22 @@ def latest_checkpoint(search_dir: Path) -> Path:
     raise UserError(f"--resume: the newest last.pt is {newest}, but {in_use(newest.parent.parent, pid)}; {advice}")
 
 
+def claim_new_folder(chosen: Path, base: Path) -> Path:
+    """Make run folder ``chosen``, the name ``increment_path`` picked from ``base`` at start-up, and return it. When
+    another run made it in between (several runs launched at once pick the same name), the next free name after
+    ``base``. Where nothing can be made, ``chosen`` unmade: the folder's write check then says why in one line."""
+    folder = chosen
+    for _ in range(100):
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            folder = increment_path(base)
+        except OSError:
+            break
+    return folder
+
+
 @contextmanager
 def created_run_folder(save_dir: Path, where: str, hyp: dict, opt: dict):
     """Run folder ``save_dir`` with hyp.yaml, opt.yaml (``opt`` as plain data) and environment.yaml, what reruns
@@ -124,3 +141,21 @@ def created_run_folder(save_dir: Path, where: str, hyp: dict, opt: dict):
         yaml_save(save_dir / "opt.yaml", opt)
         yaml_save(save_dir / "environment.yaml", environment_report())
         yield
+
+
+def claim_run_folder(opt) -> Path:
+    """Training options ``opt``'s run folder: a new run's made now, under the name chosen at start-up or, if a run
+    started beside this one took that since, the next free one (``opt.save_dir`` follows). A resume, ``--exist-ok``
+    and an evolve generation keep their folder."""
+    if not (opt.resume or opt.exist_ok or opt.evolve):
+        opt.save_dir = str(claim_new_folder(Path(opt.save_dir), Path(opt.project) / opt.name))
+    return Path(opt.save_dir)
+
+
+def held_run_folder(opt, hyp: dict, is_main: bool):
+    """``opt.save_dir`` created and held by the main process for a ``with`` block (:func:`created_run_folder`);
+    the other ranks write nothing there."""
+    if not is_main:
+        return nullcontext()
+    where = f"--resume {opt.resume}" if opt.resume else f"--project {opt.project} --name {opt.name}"
+    return created_run_folder(Path(opt.save_dir), where, hyp, plain_opt(opt))
