@@ -142,13 +142,14 @@ def _flags_named(parser, dests) -> list:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_missing_input_file_or_an_out_that_is_a_file_is_one_line_before_any_work(command, tmp_path, capsys, no_work):
+def test_a_missing_input_file_or_an_unusable_out_is_one_line_before_any_work(command, tmp_path, capsys, no_work):
     module = importlib.import_module(command)
     parser, _ = _parser_and_rules(module)
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("kept")
     bad = [(a, str(tmp_path / "missing.yaml"), "file not found") for a in _flags_named(parser, INPUT_FILES)]
     bad += [(a, str(not_a_folder), "is a file, not a folder") for a in _flags_named(parser, ("out",))]
+    bad += [(a, "/proc/no-such/out", "cannot write in /proc") for a in _flags_named(parser, ("out",))]
     for action, value, message in bad:
         flag = action.option_strings[0]
         with pytest.raises(SystemExit) as exit_info:

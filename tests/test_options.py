@@ -42,14 +42,16 @@ def test_check_options_names_the_flag_and_accepts_good_values(tmp_path):
     rules = OptionRules(positive=("batch_size",), non_negative=("workers",), files=("cfg",), folders=("out",),
                         choices=(("cache", (None, "ram")),))
     good = argparse.Namespace(batch_size=2, workers=0, cfg="", cache=None, out=str(tmp_path / "new"))
-    assert check_options(good, rules) is good
+    assert check_options(good, rules) is good and not (tmp_path / "new").exists()  # made by the command, later
     assert check_options(argparse.Namespace(**{**vars(good), "out": str(tmp_path)}), rules).out == str(tmp_path)
     (tmp_path / "a-file").write_text("kept")
     cases = [({"batch_size": 0}, "--batch-size 0: must be a positive integer"),
              ({"workers": -2}, "--workers -2: must be 0 or more"),
              ({"cfg": str(tmp_path / "none.yaml")}, "--cfg .*none.yaml: file not found"),
              ({"cache": "gpu"}, "--cache gpu: use one of None, ram"),
-             ({"out": str(tmp_path / "a-file")}, "--out .*a-file: is a file, not a folder")]
+             ({"out": str(tmp_path / "a-file")}, "--out .*a-file: is a file, not a folder"),
+             ({"out": str(tmp_path / "a-file" / "sub")}, "--out .*a-file/sub: .*a-file is a file, not a folder"),
+             ({"out": "/proc/no-such/out"}, r"--out /proc/no-such/out: cannot write in /proc \(.+\); choose a writable")]
     for change, message in cases:
         with pytest.raises(UserError, match=message):
             check_options(argparse.Namespace(**{**vars(good), **change}), rules)

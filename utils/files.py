@@ -196,20 +196,40 @@ def remove_orphaned_temp_files(folder, target_suffix: str | tuple = ".pt") -> li
     return removed
 
 
+def _probe_write(folder: Path, what: str) -> None:
+    """Prove a file can be written in existing folder ``folder``, by writing one: permission bits alone mislead
+    (root, read-only mounts, ACLs). Otherwise one UserError line naming ``what``."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{what}: cannot write in {folder} ({e.strerror or type(e).__name__}); choose a writable "
+                        "folder or fix its permissions") from None
+
+
 def ensure_writable_dir(path, what: str) -> Path:
     """Create folder ``path`` and prove a file can be written in it; otherwise one UserError line.
 
-    ``what`` names the option the folder came from (e.g. ``--project runs/train``). Write access is
-    tested by writing, because permission bits alone mislead (root, read-only mounts, ACLs).
+    ``what`` names the option the folder came from (e.g. ``--project runs/train``).
     """
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
     except OSError as e:
-        reason = e.strerror or type(e).__name__
-        raise UserError(f"{what}: cannot write in {path} ({reason}); choose a writable folder "
-                        "or fix its permissions") from None
+        raise UserError(f"{what}: cannot write in {path} ({e.strerror or type(e).__name__}); choose a writable "
+                        "folder or fix its permissions") from None
+    _probe_write(path, what)
     return path
+
+
+def check_folder_can_be_made(path, what: str) -> None:
+    """Check, without making it, that folder ``path`` could be made and written: its nearest existing folder
+    takes a file. One UserError line naming ``what`` otherwise (a file on the way, a read-only place)."""
+    existing = Path(path).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        which = "" if existing == Path(path).absolute() else f"{existing} "
+        raise UserError(f"{what}: {which}is a file, not a folder; give a folder (it is made if missing)")
+    _probe_write(existing, what)

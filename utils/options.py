@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.errors import UserError
+from utils.files import check_folder_can_be_made
 from utils.logging import LOGGER
 
 
@@ -89,8 +90,8 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
                 raise UserError(f"{flag_name(name)} {value}: file not found")
     for name in rules.folders:
         value = getattr(opt, name)
-        if value and Path(value).exists() and not Path(value).is_dir():
-            raise UserError(f"{flag_name(name)} {value}: is a file, not a folder; give a folder (it is made if missing)")
+        if value:
+            check_folder_can_be_made(value, f"{flag_name(name)} {value}")
     for name, allowed in rules.choices:
         value = getattr(opt, name)
         if value not in allowed:
