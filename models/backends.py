@@ -249,6 +249,8 @@ EXPORTED_BACKENDS = {"onnx": OnnxBackend, "torchscript": TorchScriptBackend, "op
 
 def weights_kind(path) -> str:
     """``'pytorch'``, ``'onnx'``, ``'torchscript'`` or ``'openvino'`` (a folder or .xml); else a UserError."""
+    if not str(path).strip():  # Path('') is '.', which would read as an OpenVINO folder
+        raise UserError("--weights '': give the model to run, e.g. --weights runs/train/exp/weights/best.pt")
     path = Path(path)
     if path.is_dir() or path.name.endswith(OPENVINO_FOLDER):
         return "openvino"

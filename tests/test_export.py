@@ -152,6 +152,19 @@ def test_unknown_weights_format_and_missing_file(tmp_path):
         load_backend(tmp_path / "model_openvino_model")
 
 
+@pytest.mark.parametrize("entry", ["detect", "val", "export"])
+def test_an_empty_weights_flag_is_one_line_naming_it(entry, capsys, shapes_data):
+    import detect
+    import val
+
+    cli, rest = {"detect": (detect.cli, ["--source", str(shapes_data.parent)]),
+                 "val": (val.cli, ["--data", str(shapes_data)]), "export": (export.cli, [])}[entry]
+    with pytest.raises(SystemExit) as e:
+        cli(["--weights", "", *rest])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("ERROR: --weights '': give ") and "\n" not in err, err
+
+
 def one_line_user_error(fn, *args):
     """The message of the UserError that ``fn(*args)`` raises, checked to be a single line."""
     with pytest.raises(UserError) as e:

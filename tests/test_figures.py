@@ -53,3 +53,17 @@ def test_a_run_counts_as_finished_only_with_every_epoch_and_last_pt(tmp_path):
     (tmp_path / "weights").mkdir()
     (tmp_path / "weights" / "last.pt").write_bytes(b"x")
     assert runs.finished(tmp_path, 2) and not runs.finished(tmp_path, 3)
+
+
+def test_an_unusable_out_is_one_line_before_any_training(monkeypatch, capsys):
+    from benchmarks.figures import __main__ as figures
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started before --out was checked")
+
+    monkeypatch.setattr(runs, "detector_run", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        figures.main(["--out", "/proc/no-such/images"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1
+    assert err[0].startswith("ERROR: --out /proc/no-such/images: cannot write in /proc (")

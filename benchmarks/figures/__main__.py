@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from benchmarks.cli import parse_checked
 from benchmarks.figures import pictures, runs
+from utils.errors import exit_on_user_error
+from utils.options import OptionRules
+
+RULES = OptionRules(folders=("out",))
 
 
 def parse_opt(argv=None) -> argparse.Namespace:
@@ -13,9 +18,10 @@ def parse_opt(argv=None) -> argparse.Namespace:
     p.add_argument("--draw-only", action="store_true",
                    help="train nothing: draw from the runs cached under runs/figures")
     p.add_argument("--out", type=Path, default=runs.ROOT / "docs" / "images", help="folder for the PNG files")
-    return p.parse_args(argv)
+    return parse_checked(p, RULES, argv)  # an unusable --out stops here, not after the training
 
 
+@exit_on_user_error
 def main(argv=None) -> None:
     opt = parse_opt(argv)
     runs.quiet_threads()

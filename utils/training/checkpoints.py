@@ -36,6 +36,8 @@ def save_checkpoint(ckpt: dict, path, on_commit=None) -> None:
 
 def load_checkpoint(path, map_location="cpu") -> dict:
     """Load a checkpoint with ``weights_only=True``; every failure is a one-line UserError."""
+    if not str(path).strip():  # Path('') is '.', which would be reported as a missing checkpoint named '.'
+        raise UserError("--weights '': give a checkpoint, e.g. --weights runs/train/exp/weights/best.pt")
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: checkpoint not found")
