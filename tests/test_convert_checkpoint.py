@@ -318,3 +318,14 @@ def test_real_upstream_yolov5_checkpoint(tmp_path):
     ref = upstream.half().float()(x)[0]
     assert converted.names == ["x", "y", "z"]
     assert (converted(x)[0] - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_loading_a_pickled_checkpoint_names_the_conversion_that_makes_it_load(tiny_cfg, tmp_path):
+    src = tmp_path / "yolov5-like.pt"
+    pickled_model_checkpoint(tiny_cfg, src)
+    with pytest.raises(UserError) as refused:
+        load_checkpoint(src)
+    command = str(refused.value).split("python convert_checkpoint.py ", 1)[1].split()
+    assert command == [str(src), str(tmp_path / "yolov5-like-converted.pt")]
+    main(command)
+    assert load_checkpoint(command[1])["model"]

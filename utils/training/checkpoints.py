@@ -48,8 +48,9 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         raise UserError(f"{path}: not a readable checkpoint ({first_line[:200]}); "
                         "it may be truncated, corrupt or from another program") from None
     except Exception as e:  # torch raises UnpicklingError subclasses for foreign pickles
-        raise UserError(f"{path}: not a safe checkpoint of this project ({type(e).__name__}); "
-                        "only files saved by this project's train.py load") from None
+        raise UserError(f"{path}: not a safe checkpoint of this project ({type(e).__name__}): only plain files load; "
+                        "a pickled YOLOv5 or FFCA-YOLO checkpoint converts without running its code: python "
+                        f"convert_checkpoint.py {path} {path.with_name(path.stem + '-converted.pt')}") from None
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED_KEYS):
         raise UserError(f"{path}: not a checkpoint of this project (missing keys {list(REQUIRED_KEYS)})")
     return ckpt
