@@ -82,6 +82,7 @@ ERRORS = [
     ("nc string float", "train: images/train\nval: images/val\nnames: [a, b]\nnc: '2.0'\n", "got '2.0'"),
     ("nc string mismatch", "train: images/train\nval: images/val\nnames: [a, b]\nnc: '3'\n",
      "nc=3 but 'names' has 2"),
+    ("nc 0 without names", "train: images/train\nval: images/val\nnc: 0\n", "missing key 'names'"),
     ("names gap", "train: images/train\nval: images/val\nnames: {0: a, 2: b}\n", "without gaps"),
     ("names type", "train: images/train\nval: images/val\nnames: 5\n", "'names' must be a non-empty list"),
     ("names keys", "train: images/train\nval: images/val\nnames: {a: x}\n", "keys must be integer"),
@@ -111,6 +112,15 @@ def test_numeric_string_nc_is_read_as_a_number_with_a_note(tmp_path, log_lines, 
     notes = [m for m in log_lines if "nc" in m]
     assert len(notes) == 1 and str(yaml_file.resolve()) in notes[0] and "read as the number 2" in notes[0]
     assert "\n" not in notes[0]
+
+
+def test_nc_without_names_names_the_classes_as_yolov5_does(tmp_path, log_lines):
+    make_root(tmp_path)
+    yaml_file = write_yaml(tmp_path / "d.yaml", "train: images/train\nval: images/val\nnc: 3\n")
+    data = check_dataset(yaml_file)
+    assert data["names"] == ["class0", "class1", "class2"] and data["nc"] == 3
+    assert [m for m in log_lines if "no 'names'" in m] == [
+        f"{yaml_file.resolve()}: no 'names', so the 3 classes are named class0..class2"]
 
 
 def test_integer_nc_gives_no_note(tmp_path, log_lines):

@@ -2,7 +2,7 @@
 
 Schema: ``path`` (root), ``train``, ``val``, optional ``test`` (each a folder of images, a ``.txt``
 list of image paths, or a list of these, relative to the root unless absolute), ``names`` (a list
-or an ``{id: name}`` mapping), optional ``nc``. A relative ``path`` resolves against the YAML's own
+or an ``{id: name}`` mapping), optional ``nc`` (alone, it names the classes class0, class1, ... as YOLOv5 does). A relative ``path`` resolves against the YAML's own
 folder first, then the working directory. ``generate: shapes`` builds this project's synthetic data
 set when it is missing; a ``download:`` key is never executed.
 """
@@ -131,11 +131,14 @@ def check_dataset(path) -> dict:
         if yaml_file.suffix not in (".yaml", ".yml"):
             raise UserError(f"--data {path}: expected a data set .yaml file")
         data = yaml_load(yaml_file)
+    nc = _parse_nc(data.get("nc"), yaml_file)
+    if data.get("names") in (None, "") and nc is not None and nc > 0:  # YOLOv5's default names for a YAML that gives only nc
+        data["names"] = [f"class{i}" for i in range(nc)]
+        LOGGER.info(f"{yaml_file}: no 'names', so the {nc} classes are named class0..class{nc - 1}")
     for key in ("train", "val", "names"):
         if data.get(key) in (None, ""):
             raise UserError(f"{yaml_file}: missing key '{key}' (see docs/data.md for the data set YAML schema)")
     names = _parse_names(data["names"], yaml_file)
-    nc = _parse_nc(data.get("nc"), yaml_file)
     if nc is not None and nc != len(names):
         raise UserError(f"{yaml_file}: nc={nc} but 'names' has {len(names)} entries; make them agree")
     if data.get("max_det") is not None:
