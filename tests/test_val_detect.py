@@ -385,7 +385,10 @@ def test_pytorch_backend_runs_channels_last_with_the_same_predictions(trained):
 
 @pytest.mark.parametrize("args, message", [
     (["--source", "99"], "no camera with index 99"),
-    (["--source", "does/not/exist.jpg"], "does not exist"),
+    (["--source", "does/not/exist.jpg"], "--source does/not/exist.jpg: no such file or folder; pass an image"),
+    (["--source", "https://example.com/a.jpg"], "--source https://example.com/a.jpg: URLs and streams are not opened"),
+    (["--source", "rtsp://camera.local/live"], "--source rtsp://camera.local/live: URLs and streams are not opened"),
+    (["--source", "screen"], "--source screen: screen capture is not supported"),
     (["--source", "{media}", "--data", "{bad_data}"], "must list 4 class names"),
     (["--source", "{media}", "--batch-size", "-1"], "--batch-size -1"),
 ])

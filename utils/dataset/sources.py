@@ -13,6 +13,20 @@ from utils.dataset.image_io import IMG_FORMATS, VID_FORMATS, bgr_to_chw_rgb, fil
 from utils.logging import LOGGER
 
 
+SOURCE_KINDS = "an image, folder, glob, video, .txt list or camera index"
+STREAM_SCHEMES = ("http://", "https://", "rtsp://", "rtmp://")
+
+
+def refuse_unopenable_source(source: str) -> None:
+    """One UserError line for the sources YOLOv5 opens and this offline project does not: URLs and streams (it
+    never downloads) and screen capture."""
+    if source.lower().startswith(STREAM_SCHEMES):
+        raise UserError(f"--source {source}: URLs and streams are not opened (nothing is downloaded at run time); "
+                        f"save the file or clip and pass its path, or pass {SOURCE_KINDS}")
+    if source == "screen":
+        raise UserError(f"--source screen: screen capture is not supported; pass {SOURCE_KINDS}")
+
+
 class LoadImages:
     """Iterate images and videos from a file, folder, glob or .txt list (for detect.py).
 
@@ -23,6 +37,7 @@ class LoadImages:
     def __init__(self, path, img_size=640, stride=32, auto=True, vid_stride=1):
         files = []
         for p in path if isinstance(path, (list, tuple)) else [path]:
+            refuse_unopenable_source(str(p))
             p = Path(str(p)).expanduser()
             if "*" in str(p):
                 files += sorted(glob.glob(str(p), recursive=True))
@@ -34,7 +49,7 @@ class LoadImages:
             elif p.is_file():
                 files.append(str(p))
             else:
-                raise UserError(f"--source {p} does not exist")
+                raise UserError(f"--source {p}: no such file or folder; pass {SOURCE_KINDS}")
         images = [x for x in files if file_suffix(x) in IMG_FORMATS]
         videos = [x for x in files if file_suffix(x) in VID_FORMATS]
         if not images and not videos:
