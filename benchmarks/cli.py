@@ -7,7 +7,11 @@ tests/test_benchmark_flags.py walks every command with one bad value per numeric
 :func:`map_in_workers` reports an error raised in a worker process as one line too.
 """
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from utils.errors import UserError
@@ -24,9 +28,24 @@ def parse_checked(parser, rules: OptionRules, argv=None):
     return check_options(parser.parse_args(argv), rules)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_with_parent(parent_pid: int) -> None:
+    """Worker initializer: SIGTERM this worker when the command that started it dies, SIGKILL included (Linux).
+    Without it, killing a matrix left its workers training on, beside the rerun, in the same run folders. The
+    SIGTERM lets a training worker save a resumable last.pt. Elsewhere, workers outlive a killed command."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def map_in_workers(func, items: list, jobs: int) -> list:
-    """``[func(item) for item in items]`` in ``jobs`` spawned processes; an error raised in one is one line."""
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    """``[func(item) for item in items]`` in ``jobs`` spawned processes, which stop when this process dies; an error
+    raised in one is one line."""
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=stop_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         try:
             return list(pool.map(func, items))
         except UserError:

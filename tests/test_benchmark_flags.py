@@ -10,6 +10,8 @@ import concurrent.futures
 import importlib
 import math
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,40 @@ def test_an_error_raised_in_a_worker_is_one_line():
     assert map_in_workers(math.sqrt, [4.0, 9.0], jobs=1) == [2.0, 3.0]
     with pytest.raises(UserError, match=r"^a worker failed: ValueError: math domain error$"):
         map_in_workers(math.sqrt, [4.0, -1.0], jobs=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="workers stop with their command on Linux only (prctl)")
+def test_workers_stop_when_their_command_is_killed(tmp_path):
+    """SIGKILL of a command running map_in_workers leaves no worker behind (they trained on, in the same run
+    folders as the rerun, before)."""
+    pid_file = tmp_path / "worker.pid"
+    command = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from benchmarks.cli import map_in_workers; from tests.support.pool_tasks import "
+        "report_pid_and_wait; map_in_workers(report_pid_and_wait, [sys.argv[1]], 1)"), str(pid_file)],
+        cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and command.poll() is None, "the worker never started"
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        assert is_alive(worker)
+    finally:
+        command.kill()
+        command.wait()
+    deadline = time.monotonic() + 20
+    while is_alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_alive(worker)
+
+
+def is_alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie, dead but not yet reaped, counts as stopped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.parametrize("argv, flag", [(["--epochs", "0"], "--epochs"), (["--jobs", "0"], "--jobs")])
