@@ -31,12 +31,17 @@ def parse_checked(parser, rules: OptionRules, argv=None):
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def stop_with_parent(parent_pid: int) -> None:
-    """Worker initializer: SIGTERM this worker when the command that started it dies, SIGKILL included (Linux).
-    Without it, killing a matrix left its workers training on, beside the rerun, in the same run folders. The
-    SIGTERM lets a training worker save a resumable last.pt. Elsewhere, workers outlive a killed command."""
+def request_stop_with_parent() -> None:
+    """SIGTERM this process when its parent dies, SIGKILL included (Linux; elsewhere nothing). Also the
+    ``preexec_fn`` of a benchmark's child commands, so that none trains on after the benchmark was killed."""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_with_parent(parent_pid: int) -> None:
+    """Worker initializer: :func:`request_stop_with_parent`. Without it, killing a matrix left its workers training
+    on, beside the rerun, in the same run folders. The SIGTERM lets a training worker save a resumable last.pt."""
+    request_stop_with_parent()
     if os.getppid() != parent_pid:  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
 

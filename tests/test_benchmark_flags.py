@@ -101,30 +101,51 @@ def test_an_error_raised_in_a_worker_is_one_line():
         map_in_workers(math.sqrt, [4.0, -1.0], jobs=1)
 
 
+def pid_of_a_process_whose_command_was_killed(code: str, pid_file: Path) -> int:
+    """Run ``python -c code pid_file``; once the process it starts has written its pid there, SIGKILL the
+    command and return that pid."""
+    command = subprocess.Popen([sys.executable, "-c", code, str(pid_file)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and command.poll() is None, "the process never started"
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+        assert is_alive(pid)
+    finally:
+        command.kill()
+        command.wait()
+    return pid
+
+
+def stops_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not is_alive(pid)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="workers stop with their command on Linux only (prctl)")
 def test_workers_stop_when_their_command_is_killed(tmp_path):
     """SIGKILL of a command running map_in_workers leaves no worker behind (they trained on, in the same run
     folders as the rerun, before)."""
-    pid_file = tmp_path / "worker.pid"
-    command = subprocess.Popen([sys.executable, "-c", (
+    worker = pid_of_a_process_whose_command_was_killed(
         "import sys; from benchmarks.cli import map_in_workers; from tests.support.pool_tasks import "
-        "report_pid_and_wait; map_in_workers(report_pid_and_wait, [sys.argv[1]], 1)"), str(pid_file)],
-        cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 60
-        while not pid_file.is_file() or not pid_file.read_text():
-            assert time.monotonic() < deadline and command.poll() is None, "the worker never started"
-            time.sleep(0.1)
-        worker = int(pid_file.read_text())
-        assert is_alive(worker)
-    finally:
-        command.kill()
-        command.wait()
-    deadline = time.monotonic() + 20
-    while is_alive(worker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not is_alive(worker)
+        "report_pid_and_wait; map_in_workers(report_pid_and_wait, [sys.argv[1]], 1)", tmp_path / "worker.pid")
+    assert stops_within(worker, 20)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="children stop with their command on Linux only (prctl)")
+def test_a_child_command_stops_when_its_benchmark_is_killed(tmp_path):
+    """The preexec_fn that vs_authors and module_stats give the training commands they start."""
+    child = pid_of_a_process_whose_command_was_killed(
+        "import subprocess, sys, time; from benchmarks.cli import request_stop_with_parent; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "preexec_fn=request_stop_with_parent); open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(60)",
+        tmp_path / "child.pid")
+    assert stops_within(child, 20)
 
 
 def is_alive(pid: int) -> bool:

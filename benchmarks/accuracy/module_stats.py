@@ -40,7 +40,7 @@ from torch import nn
 
 from benchmarks.accuracy.matrix import KINDS, make_data
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
-from benchmarks.cli import parse_checked, parser_for
+from benchmarks.cli import parse_checked, parser_for, request_stop_with_parent
 from models.experimental import stored_model
 from models.ffca import FEM, SCAM, _WeightedConcat
 from models.yolo import Model
@@ -76,7 +76,8 @@ def train_until(model: str, data: Path, opt, out: Path) -> Path:
            "--project", str(out / "runs"), "--name", model, "--exist-ok", "--hyp", str(opt.hyp)]
     print(" ".join(cmd), flush=True)
     with open(out / f"{model}.log", "w") as log:
-        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                 preexec_fn=request_stop_with_parent)
         while child.poll() is None and not last.exists():
             time.sleep(5)
         child.send_signal(signal.SIGINT)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from benchmarks.accuracy.matrix import KINDS, check_image_sizes, make_data, results_rows
-from benchmarks.cli import map_in_workers, parse_checked, parser_for
+from benchmarks.cli import map_in_workers, parse_checked, parser_for, request_stop_with_parent
 from benchmarks.peers import offline_config_folder
 from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
@@ -60,7 +60,10 @@ PATCHES = (("utils/general.py", "from ultralytics.yolo.utils.checks import check
             "ap = getattr(np, 'trapezoid', getattr(np, 'trapz', None))(np.interp(x, mrec, mpre), x)  # vs_authors"))
 
 # Runs a command and prints its peak RSS (KiB) after it ends: RUSAGE_CHILDREN of this wrapper is that run only.
-PEAK_RSS = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+# The command stops when this wrapper dies, as the wrapper does when its worker dies (benchmarks/cli.py).
+PEAK_RSS = ("import ctypes, resource, signal, subprocess, sys; "
+            "stop = (lambda: ctypes.CDLL(None).prctl(1, signal.SIGTERM)) if sys.platform == 'linux' else None; "
+            "code = subprocess.call(sys.argv[1:], preexec_fn=stop); "
             "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True); sys.exit(code)")
 
 
@@ -157,7 +160,8 @@ def train_one(job: dict) -> dict:
     theirs = job["side"] == "authors"
     env = authors_env(Path(job["authors_code"]), job["site"]) if theirs else {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], cwd=folder, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], cwd=folder, env=env, capture_output=True, text=True,
+                          preexec_fn=request_stop_with_parent)
     seconds = time.perf_counter() - start
     if done.returncode:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
