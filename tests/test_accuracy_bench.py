@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from utils.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "data" / "scripts"))
 
@@ -227,3 +229,21 @@ def test_a_run_interrupted_midway_is_trained_again_from_an_empty_folder(tmp_path
     row = matrix.train_one(job)
     assert len(matrix.results_rows(folder / "results.csv")) == 3
     assert row["first"] == 2  # epoch index 1 (mAP50 0.002) is the first above 0.001; 1-based 2
+
+
+def test_a_run_another_matrix_is_training_is_not_cleared(tmp_path, monkeypatch):
+    """Two matrices on one --out: deleting the other's run folder would not stop it, only hide its lock."""
+    import train
+    from benchmarks.accuracy import matrix
+    from utils.training.run_folder import hold_run_folder
+
+    job = {"kind": "glyphs", "size": 64, "seed": 0, "model": "yolov5n", "data": "d.yaml", "out": str(tmp_path),
+           "cfg": "m.yaml", "opt": {"epochs": 3, "batch_size": 16, "hyp": "h.yaml"}}
+    folder = tmp_path / "runs" / matrix.run_name(job)
+    folder.mkdir(parents=True)
+    (folder / "results.csv").write_text("epoch\n0\n")
+    monkeypatch.setattr(train, "run", lambda **kwargs: pytest.fail("trained a run in use"))
+    with hold_run_folder(folder, "--name x"):
+        with pytest.raises(UserError, match=rf"^--out {tmp_path}: {folder} is in use: process \d+ is training"):
+            matrix.train_one(job)
+    assert (folder / "results.csv").read_text() == "epoch\n0\n"

@@ -159,3 +159,16 @@ def test_verdicts_compare_every_model_at_the_cells_budget():
     assert converged_verdicts([rising, ffca], OPT) == []  # yolov5n missing: no verdict
     silent = [_run(m, [0.0] * 10) for m in ("yolov5n", "yolov5n-p2", "ffca-yolo-n")]
     assert "yolov5n at 0" in converged_verdicts(silent, OPT)[0]
+
+
+def test_a_run_another_process_is_training_is_neither_resumed_nor_set_aside(tmp_path, calls):
+    from utils.errors import UserError
+    from utils.training.run_folder import hold_run_folder
+
+    folder = long_matrix.run_dir(_job(tmp_path))
+    (folder / "weights").mkdir(parents=True)
+    (folder / "weights" / "last.pt").write_bytes(b"")
+    with hold_run_folder(folder, "--name x"):
+        with pytest.raises(UserError, match=f"^--out {tmp_path}: {folder} is in use"):
+            long_matrix.run_one(_job(tmp_path))
+    assert calls == [] and (folder / "weights" / "last.pt").is_file()

@@ -41,6 +41,7 @@ from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
 from utils.options import OptionRules
+from utils.training.run_folder import check_run_folder_free
 
 ROOT = Path(__file__).resolve().parents[2]
 MAP, MAP50 = "metrics/mAP_0.5:0.95", "metrics/mAP_0.5"
@@ -86,6 +87,7 @@ def train_or_resume(job: dict) -> None:
     import train
 
     folder, opt = run_dir(job), job["opt"]
+    check_run_folder_free(folder, f"--out {job['out']}")  # before a resume, a set-aside or a delete
     last = folder / "weights" / "last.pt"
     if last.exists() and resumable(last):
         train.run(resume=str(last), patience=0)

@@ -42,6 +42,7 @@ from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
+from utils.training.run_folder import check_run_folder_free
 
 ROOT = Path(__file__).resolve().parents[2]
 BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD bands by sqrt(area), px
@@ -156,6 +157,8 @@ def train_one(job: dict) -> dict:
         return row
     torch.set_num_threads(1)
     out, opt = Path(job["out"]), job["opt"]
+    # another matrix on this --out may be training it: deleting its folder would not stop that run, only its lock
+    check_run_folder_free(out / "runs" / run_name(job), f"--out {out}")
     shutil.rmtree(out / "runs" / run_name(job), ignore_errors=True)
     t0 = time.perf_counter()
     results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
