@@ -39,6 +39,28 @@ def test_a_held_folder_names_its_holder_and_is_free_again_after_the_block(tmp_pa
     check_run_folder_free(tmp_path, "--resume x")
 
 
+@pytest.mark.slow
+def test_the_lock_dies_with_the_training_even_while_a_forked_worker_lives_on(tmp_path):
+    """SIGKILL of a training whose data loader workers (forked) outlive it for a moment: --resume at once must
+    find the folder free (the GPU proof's kill-and-resume row found it held by the dead training's pid)."""
+    code = ("import multiprocessing, os, signal, sys, time\n"
+            "from utils.training.run_folder import hold_run_folder\n"
+            "with hold_run_folder(sys.argv[1], 'x'):\n"
+            "    child = multiprocessing.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+            "    child.start()\n"
+            "    open(os.path.join(sys.argv[1], 'child.pid'), 'w').write(str(child.pid))\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)  # no pipes: the living child would hold them open
+    assert done.returncode == -signal.SIGKILL
+    child = int((tmp_path / "child.pid").read_text())
+    try:
+        assert Path(f"/proc/{child}").exists()  # the worker lives on
+        assert holder_pid(tmp_path) is None
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_a_bare_resume_never_picks_a_run_that_is_still_training(tmp_path):
     older = make_run(tmp_path / "exp", 1_000_000)
     newer = make_run(tmp_path / "exp2", 2_000_000)

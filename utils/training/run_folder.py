@@ -7,8 +7,9 @@ terminal, and ``--exist-ok`` reuses a folder whatever is writing in it.
 
 The main process of a run holds an exclusive ``flock`` on ``<run>/.train.lock`` from the moment it
 creates the folder until ``train`` returns. The kernel drops the lock when the process dies, SIGKILL
-included, so an interrupted run never leaves a stale lock behind. The file keeps the holder's pid for
-the message. Platforms without ``fcntl`` (Windows) train without the check.
+included, so an interrupted run never leaves a stale lock behind. A forked child (a data loader worker)
+would share the lock and keep it past the training's death, so children close their copy at fork. The
+file keeps the holder's pid for the message. Platforms without ``fcntl`` (Windows) train without the check.
 """
 
 import os
@@ -26,6 +27,17 @@ except ImportError:  # Windows
     fcntl = None
 
 LOCK_NAME = ".train.lock"
+_HELD = set()  # descriptors of the locks this process holds; a forked child closes its copies
+
+
+def _close_held_in_child() -> None:
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def _try_lock(fd: int) -> bool:
@@ -91,10 +103,12 @@ def hold_run_folder(folder, where: str):
             raise UserError(f"{where}: {in_use(folder, _pid_in(fd))}; {WAIT_OR_STOP}")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _HELD.add(fd)
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)  # explicitly: forked loader workers share this descriptor
+            _HELD.discard(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
