@@ -621,7 +621,7 @@ def test_load_images_from_glob_and_txt_list(tmp_path):
 
 
 def test_load_images_bad_sources_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match=r"missing.jpg: no such file or folder; pass an image, folder, glob, video, .txt list or camera index"):
+    with pytest.raises(UserError, match=r"missing.jpg: no such file or folder; pass an image, folder, glob, video"):
         LoadImages(str(tmp_path / "missing.jpg"))
     (tmp_path / "notes.md").write_text("x")
     with pytest.raises(UserError, match="no supported files"):
