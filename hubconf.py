@@ -1,6 +1,7 @@
 """PyTorch Hub entry points, as in YOLOv5:
 
     detector = torch.hub.load("path/to/this/repo", "custom", path="best.pt", source="local")
+    detector.conf = 0.5                     # options as attributes, as on YOLOv5's hub model
     result = detector("image.jpg")          # Detections: boxes, scores, classes (original pixels)
 
 ``path`` may be a .pt checkpoint, or an .onnx / .torchscript file or *_openvino_model folder written by

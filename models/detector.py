@@ -68,13 +68,21 @@ def to_rgb_array(image) -> np.ndarray:
     return np.ascontiguousarray(image[..., :3])
 
 
+def _option(name: str) -> property:
+    """An option as an attribute, as YOLOv5's hub model has them (``model.conf = 0.5``): the default of later calls."""
+    return property(lambda self: self.options[name], lambda self, value: self.options.__setitem__(name, value),
+                    doc=f"the default ``{name}`` of later calls")
+
+
 class Detector:
     """Load weights once (.pt, .onnx, .torchscript, *_openvino_model), then call on images; see the module docstring.
 
     ``conf``, ``iou``, ``max_det``, ``classes`` (list of class indices to keep) and ``agnostic``
     mean what detect.py's ``--conf-thres``, ``--iou-thres``, ``--max-det``, ``--classes`` and
-    ``--agnostic-nms`` mean, and can be overridden per call.
+    ``--agnostic-nms`` mean, and can be overridden per call or set as attributes (``detector.conf = 0.5``).
     """
+
+    conf, iou, max_det, classes, agnostic = map(_option, ("conf", "iou", "max_det", "classes", "agnostic"))
 
     def __init__(self, weights, device="", imgsz=640, conf=0.25, iou=0.45, max_det=1000, classes=None,
                  agnostic=False, half=False):

@@ -73,6 +73,16 @@ def test_bad_images_raise_one_line_user_errors(tiny_pt, image, message):
         Detector(tiny_pt, **OPTIONS)(image)
 
 
+def test_options_set_as_attributes_apply_to_later_calls_as_in_yolov5_hub(tiny_pt, image_path):
+    detector = Detector(tiny_pt, **OPTIONS)
+    assert len(detector(image_path)) > 3
+    detector.max_det = 3
+    assert detector.options["max_det"] == 3 and len(detector(image_path)) == 3
+    detector.conf = 0.99
+    assert detector.conf == 0.99 and len(detector(image_path)) == 0
+    assert len(detector(image_path, conf=OPTIONS["conf"])) == 3  # a call's own option still wins
+
+
 def test_unknown_option_is_a_user_error(tiny_pt, image_path):
     with pytest.raises(UserError, match="unknown option"):
         Detector(tiny_pt, **OPTIONS)(image_path, confidence=0.5)
