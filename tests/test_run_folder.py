@@ -153,3 +153,19 @@ def test_runs_launched_together_under_one_name_train_into_their_own_folders(shap
     assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == [LOCK_NAME]
     assert (tmp_path / "exp2" / "weights" / "last.pt").is_file()
     assert yaml.safe_load((tmp_path / "exp2" / "opt.yaml").read_text())["save_dir"] == str(tmp_path / "exp2")
+
+
+def test_a_file_system_that_cannot_lock_trains_unchecked_with_one_warning(tmp_path, monkeypatch, log_lines):
+    import errno
+
+    from utils.training import run_folder
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(run_folder.fcntl, "flock", no_locks)
+    with hold_run_folder(tmp_path, "--name exp"):
+        assert holder_pid(tmp_path) is None
+    assert [m for m in log_lines if "cannot lock" in m] == [
+        f"WARNING ⚠️ {tmp_path}: this file system cannot lock files, so nothing stops a second training from writing in this "
+        "run folder; start one run per folder"]

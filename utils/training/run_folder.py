@@ -19,6 +19,7 @@ from pathlib import Path
 from utils.determinism.env import environment_report
 from utils.errors import UserError
 from utils.files import ensure_writable_dir, increment_path, yaml_save
+from utils.logging import LOGGER
 from utils.training.run_state import plain_opt
 
 try:
@@ -40,11 +41,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_held_in_child)
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int) -> bool | None:
+    """True: locked now; False: another process holds it; None: this file system cannot lock (an NFS mount
+    without a lock daemon, some FUSE mounts)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError:
+        return None
     return True
 
 
@@ -64,10 +69,10 @@ def holder_pid(folder) -> int | None:
     except OSError:  # unreadable: the folder's permissions decide, as they did before this check
         return None
     try:
-        if _try_lock(fd):
+        locked = _try_lock(fd)
+        if locked:
             fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        return _pid_in(fd)
+        return _pid_in(fd) if locked is False else None
     finally:
         os.close(fd)
 
@@ -99,8 +104,14 @@ def hold_run_folder(folder, where: str):
         raise UserError(f"{where}: cannot write in {folder} ({e.strerror or type(e).__name__}); choose a writable "
                         "folder or fix its permissions") from None
     try:
-        if not _try_lock(fd):
+        locked = _try_lock(fd)
+        if locked is False:
             raise UserError(f"{where}: {in_use(folder, _pid_in(fd))}; {WAIT_OR_STOP}")
+        if locked is None:
+            LOGGER.warning(f"{folder}: this file system cannot lock files, so nothing stops a second training "
+                           "from writing in this run folder; start one run per folder")
+            yield
+            return
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         _HELD.add(fd)
