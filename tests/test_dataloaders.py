@@ -47,6 +47,9 @@ def warnings_about(lines, name):
 
 BAD_LABELS = [
     ("cols", "0 0.5 0.5 0.2\n", "expected 5 columns"),
+    ("six cols", "0 0.5 0.5 0.2 0.2 0.9\n", "expected 5 columns 'class x y w h' or a polygon"),
+    ("open polygon", "0 0.1 0.1 0.3 0.1 0.3 0.3 0.1\n", "or a polygon 'class x1 y1 x2 y2 x3 y3 ...', got 8"),
+    ("polygon beyond", "0 0.1 0.1 0.3 0.1 1.3 0.3\n", "coordinate 1.3 > 1"),
     ("nonnum", "0 0.5 abc 0.2 0.2\n", "non-numeric"),
     ("nan", "0 0.5 nan 0.2 0.2\n", "NaN or infinite"),
     ("inf", "0 0.5 0.5 inf 0.2\n", "NaN or infinite"),
@@ -68,6 +71,32 @@ def test_bad_label_file_is_skipped_with_file_line_and_reason(tmp_path, log_lines
     assert msgs and reason in msgs[0] and "skipped" in msgs[0]
     summary = [m for m in log_lines if "usable images" in m][-1]
     assert "1 corrupt" in summary and "2 usable" in summary
+
+
+def test_polygon_rows_train_as_their_enclosing_boxes_as_in_yolov5(tmp_path, log_lines):
+    images = make_dataset(tmp_path, n=2)
+    (tmp_path / "labels" / "train" / "im0.txt").write_text("2 0.1 0.2 0.5 0.2 0.5 0.6 0.1 0.6\n1 0.5 0.5 0.2 0.2\n")
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert len(ds) == 2 and not warnings_about(log_lines, "im0.txt")
+    np.testing.assert_allclose(ds.labels[ds.im_files.index(str(images / "im0.jpg"))],
+                               [[2, 0.3, 0.4, 0.4, 0.4], [1, 0.5, 0.5, 0.2, 0.2]], atol=1e-6)
+
+
+def test_a_cache_made_under_older_scan_rules_is_rescanned_under_the_same_hash(tmp_path, monkeypatch):
+    images = make_dataset(tmp_path, n=3)
+    first = LoadImagesAndLabels(str(images), img_size=64)
+    cache = tmp_path / "labels" / "train.cache"
+    with np.load(cache, allow_pickle=False) as z:
+        older = {k: z[k] for k in z.files if k != "scan_rules"}  # as written before polygon rows were read
+    with open(cache, "wb") as f:
+        np.savez(f, **older)
+    scans = []
+    real_scan = label_cache._scan
+    monkeypatch.setattr(label_cache, "_scan", lambda *a: scans.append(1) or real_scan(*a))
+    again = LoadImagesAndLabels(str(images), img_size=64)
+    assert scans == [1] and again.cache_hash == first.cache_hash
+    with np.load(cache, allow_pickle=False) as z:
+        assert str(z["scan_rules"]) == label_cache.SCAN_RULES
 
 
 def test_label_just_beyond_one_is_clipped_and_duplicates_removed(tmp_path, log_lines):

@@ -26,6 +26,9 @@ from utils.logging import LOGGER
 LABEL_TOLERANCE = 0.01  # coordinates in (1, 1 + tolerance] are clipped to 1; beyond that the file is skipped
 MIN_IMAGE_SIDE = 10  # pixels; smaller images are treated as corrupt, as in YOLOv5
 CACHE_VERSION = "ffca-labels-2"  # part of cache_hash: changing it changes the hash recorded in determinism.json
+# What a cached scan's verdicts assume, checked on load and not part of cache_hash: a cache made under other
+# rules is rescanned, while the hash of the same files stays what determinism.json recorded.
+SCAN_RULES = "polygon-rows-as-boxes"
 
 
 # ---------------------------------------------------------------- scanning: one verdict per file
@@ -75,8 +78,10 @@ def _check_row(parts):
 
     Class ids are checked against ``nc`` later (:func:`_class_problems`), so the cache does not depend on it.
     """
-    if len(parts) != 5:
-        return f"expected 5 columns 'class x y w h', got {len(parts)}", None
+    polygon = len(parts) >= 7 and len(parts) % 2 == 1  # YOLOv5's segment rows: class x1 y1 x2 y2 x3 y3 ...
+    if len(parts) != 5 and not polygon:
+        return (f"expected 5 columns 'class x y w h' or a polygon 'class x1 y1 x2 y2 x3 y3 ...', "
+                f"got {len(parts)}"), None
     try:
         values = [float(p) for p in parts]
     except ValueError:
@@ -89,7 +94,14 @@ def _check_row(parts):
         return f"class id {parts[0]} is not an integer", None
     if max(values[1:]) > 1 + LABEL_TOLERANCE:
         return f"coordinate {max(values[1:]):g} > 1 (labels must be normalised to 0-1)", None
-    return None, values
+    return None, _polygon_box(values) if polygon else values
+
+
+def _polygon_box(values: list) -> list:
+    """``[class, x1, y1, x2, y2, ...]`` -> ``[class, x, y, w, h]`` of the polygon's enclosing box, as YOLOv5
+    trains detection on segment labels."""
+    xs, ys = values[1::2], values[2::2]
+    return [values[0], (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
 
 
 def _parse_labels(lb_file):
@@ -182,7 +194,7 @@ def _cache_arrays(key, results, counts) -> dict:
     lengths = [len(r.labels) for r in usable]
     no_labels = np.zeros((0, 5), np.float32)
     return dict(
-        version=np.array(CACHE_VERSION), key=np.array(key),
+        version=np.array(CACHE_VERSION), key=np.array(key), scan_rules=np.array(SCAN_RULES),
         im_files=np.array([r.im_file for r in usable], dtype=str),
         offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
         labels=np.concatenate([r.labels for r in usable] + [no_labels]).astype(np.float32),
@@ -208,7 +220,8 @@ def load_label_cache(path, key):
     """The cached scan as a dict, or None when the file is missing, stale, truncated or malformed."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            if str(z["version"]) != CACHE_VERSION or str(z["key"]) != key:
+            if (str(z["version"]) != CACHE_VERSION or str(z["key"]) != key or "scan_rules" not in z.files
+                    or str(z["scan_rules"]) != SCAN_RULES):
                 return None
             cache = {k: z[k] for k in z.files}
     except Exception:  # any unreadable cache is rebuilt, never trusted
