@@ -72,3 +72,13 @@ def test_bad_input_is_one_error_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "utils.dataset.dataset_stats", "--data", tmp_path / "missing.yaml"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and run.stderr.startswith("ERROR: ") and run.stderr.strip().count("\n") == 0
+
+
+def test_a_polygon_row_counts_as_its_enclosing_box_as_in_training(tmp_path):
+    from utils.dataset.dataset_stats import read_labels
+
+    labels = tmp_path / "a.txt"
+    labels.write_text("2 0.1 0.2 0.5 0.2 0.5 0.6 0.1 0.6\n1 0.5 0.5 0.2 0.2\n0 1 2 3 4 5\n")
+    rows, unreadable = read_labels(labels)
+    np.testing.assert_allclose(rows, [[2, 0.3, 0.4, 0.4, 0.4], [1, 0.5, 0.5, 0.2, 0.2]])
+    assert unreadable == 1  # six numbers are neither a box nor a polygon

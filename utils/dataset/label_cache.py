@@ -94,10 +94,10 @@ def _check_row(parts):
         return f"class id {parts[0]} is not an integer", None
     if max(values[1:]) > 1 + LABEL_TOLERANCE:
         return f"coordinate {max(values[1:]):g} > 1 (labels must be normalised to 0-1)", None
-    return None, _polygon_box(values) if polygon else values
+    return None, polygon_box(values) if polygon else values
 
 
-def _polygon_box(values: list) -> list:
+def polygon_box(values: list) -> list:
     """``[class, x1, y1, x2, y2, ...]`` -> ``[class, x, y, w, h]`` of the polygon's enclosing box, as YOLOv5
     trains detection on segment labels."""
     xs, ys = values[1::2], values[2::2]
