@@ -196,6 +196,12 @@ def remove_orphaned_temp_files(folder, target_suffix: str | tuple = ".pt") -> li
     return removed
 
 
+def unwritable(what: str, folder, error: OSError) -> UserError:
+    """The one line for a folder nothing can be written in: ``what`` names the option it came from."""
+    return UserError(f"{what}: cannot write in {folder} ({error.strerror or type(error).__name__}); choose a writable "
+                     "folder or fix its permissions")
+
+
 def _probe_write(folder: Path, what: str) -> None:
     """Prove a file can be written in existing folder ``folder``, by writing one: permission bits alone mislead
     (root, read-only mounts, ACLs). Otherwise one UserError line naming ``what``."""
@@ -204,8 +210,7 @@ def _probe_write(folder: Path, what: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(f"{what}: cannot write in {folder} ({e.strerror or type(e).__name__}); choose a writable "
-                        "folder or fix its permissions") from None
+        raise unwritable(what, folder, e) from None
 
 
 def ensure_writable_dir(path, what: str) -> Path:
@@ -217,8 +222,7 @@ def ensure_writable_dir(path, what: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"{what}: cannot write in {path} ({e.strerror or type(e).__name__}); choose a writable "
-                        "folder or fix its permissions") from None
+        raise unwritable(what, path, e) from None
     _probe_write(path, what)
     return path
 

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from utils.dataset.data_config import SPLITS, check_dataset
-from utils.dataset.label_cache import polygon_box
+from utils.dataset.label_cache import is_polygon_row, polygon_box
 from utils.errors import UserError, exit_on_user_error
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER
@@ -59,7 +59,7 @@ def read_labels(path: Path) -> tuple:
             values = [float(v) for v in line.split()]
         except ValueError:
             values = []
-        if len(values) >= 7 and len(values) % 2 == 1:  # a polygon row counts as its enclosing box, as in training
+        if is_polygon_row(len(values)):  # a polygon row counts as its enclosing box, as in training
             values = polygon_box(values)
         if len(values) == 5 and all(math.isfinite(v) for v in values):
             rows.append(values)

@@ -78,7 +78,7 @@ def _check_row(parts):
 
     Class ids are checked against ``nc`` later (:func:`_class_problems`), so the cache does not depend on it.
     """
-    polygon = len(parts) >= 7 and len(parts) % 2 == 1  # YOLOv5's segment rows: class x1 y1 x2 y2 x3 y3 ...
+    polygon = is_polygon_row(len(parts))
     if len(parts) != 5 and not polygon:
         return (f"expected 5 columns 'class x y w h' or a polygon 'class x1 y1 x2 y2 x3 y3 ...', "
                 f"got {len(parts)}"), None
@@ -95,6 +95,11 @@ def _check_row(parts):
     if max(values[1:]) > 1 + LABEL_TOLERANCE:
         return f"coordinate {max(values[1:]):g} > 1 (labels must be normalised to 0-1)", None
     return None, polygon_box(values) if polygon else values
+
+
+def is_polygon_row(n_values: int) -> bool:
+    """Whether a label row of ``n_values`` numbers is one of YOLOv5's segment rows, ``class x1 y1 ... x3 y3 ...``."""
+    return n_values >= 7 and n_values % 2 == 1
 
 
 def polygon_box(values: list) -> list:

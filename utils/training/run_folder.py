@@ -18,7 +18,7 @@ from pathlib import Path
 
 from utils.determinism.env import environment_report
 from utils.errors import UserError
-from utils.files import ensure_writable_dir, increment_path, yaml_save
+from utils.files import ensure_writable_dir, increment_path, unwritable, yaml_save
 from utils.logging import LOGGER
 from utils.training.run_state import plain_opt
 
@@ -101,8 +101,7 @@ def hold_run_folder(folder, where: str):
     try:
         fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise UserError(f"{where}: cannot write in {folder} ({e.strerror or type(e).__name__}); choose a writable "
-                        "folder or fix its permissions") from None
+        raise unwritable(where, folder, e) from None
     try:
         locked = _try_lock(fd)
         if locked is False:
