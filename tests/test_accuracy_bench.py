@@ -1,5 +1,6 @@
 """The small-object benchmark's pieces: model variants and the tiny-shapes generator."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -209,8 +210,7 @@ def test_a_run_interrupted_midway_is_trained_again_from_an_empty_folder(tmp_path
     import train
     from benchmarks.accuracy import matrix
 
-    job = {"kind": "glyphs", "size": 64, "seed": 0, "model": "yolov5n", "data": "d.yaml", "out": str(tmp_path),
-           "cfg": "m.yaml", "opt": {"epochs": 3, "batch_size": 16, "hyp": "h.yaml"}}
+    job = matrix_job(tmp_path)
     folder = tmp_path / "runs" / matrix.run_name(job)
     folder.mkdir(parents=True)
     header = "epoch,train/box_loss,metrics/mAP_0.5,metrics/mAP_0.5:0.95\n"
@@ -231,14 +231,94 @@ def test_a_run_interrupted_midway_is_trained_again_from_an_empty_folder(tmp_path
     assert row["first"] == 2  # epoch index 1 (mAP50 0.002) is the first above 0.001; 1-based 2
 
 
+def matrix_job(tmp_path) -> dict:
+    return {"kind": "glyphs", "size": 64, "seed": 0, "model": "yolov5n", "data": "d.yaml", "out": str(tmp_path),
+            "cfg": "m.yaml", "opt": {"epochs": 3, "batch_size": 16, "hyp": "h.yaml"}}
+
+
+def save_interrupted_checkpoint(folder: Path, **opt) -> Path:
+    """A last.pt as train.py leaves it mid-run: unfinished, with its optimizer, after ``epoch`` 0 (one epoch)."""
+    import torch
+
+    last = folder / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    began = {"epochs": 3, "imgsz": 64, "batch_size": 16, "seed": 0, **opt}
+    torch.save({"model_cfg": {}, "model": {}, "optimizer": {"state": {}}, "epoch": 0, "opt": began}, last)
+    return last
+
+
+def test_a_run_interrupted_after_a_checkpoint_is_resumed_not_retrained(tmp_path, monkeypatch):
+    import train
+    from benchmarks.accuracy import matrix
+
+    job = matrix_job(tmp_path)
+    folder = tmp_path / "runs" / matrix.run_name(job)
+    last = save_interrupted_checkpoint(folder)
+    header = "epoch,train/box_loss,metrics/mAP_0.5,metrics/mAP_0.5:0.95\n"
+    (folder / "results.csv").write_text(header + "0,0.2,0.0,0.0\n")
+    calls = []
+
+    def fake_resume(**kwargs):
+        calls.append(kwargs)
+        with open(folder / "results.csv", "a") as f:
+            f.write("1,0.1,0.002,0.001\n2,0.1,0.003,0.002\n")
+        return (0, 0, 0.003, 0.002)
+
+    monkeypatch.setattr(train, "run", fake_resume)
+    monkeypatch.setattr(matrix, "size_band_ap", lambda *args: {})
+    row = matrix.train_one(job)
+    assert calls == [{"resume": str(last)}]
+    assert last.exists() and row["first"] == 2 and row["map"] == 0.002
+    assert row["s_per_epoch"] >= 0 and json.loads((folder / "row.json").read_text())["first"] == 2
+
+
+@pytest.mark.parametrize("change", [{"imgsz": 96}, {"epochs": 5}, {"seed": 1}, {"batch_size": 8}])
+def test_a_checkpoint_begun_with_other_settings_is_not_resumed(tmp_path, monkeypatch, change):
+    import train
+    from benchmarks.accuracy import matrix
+
+    job = matrix_job(tmp_path)
+    folder = tmp_path / "runs" / matrix.run_name(job)
+    save_interrupted_checkpoint(folder, **change)
+    calls = []
+
+    def fake_run(**kwargs):
+        calls.append(kwargs)
+        assert not folder.exists(), "the old run's folder was not cleared"
+        (folder / "weights").mkdir(parents=True)
+        (folder / "results.csv").write_text("epoch,train/box_loss,metrics/mAP_0.5,metrics/mAP_0.5:0.95\n"
+                                            + "".join(f"{e},0.1,0.0,0.0\n" for e in range(3)))
+        return (0, 0, 0.0, 0.0)
+
+    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(matrix, "size_band_ap", lambda *args: {})
+    matrix.train_one(job)
+    assert len(calls) == 1 and "resume" not in calls[0] and calls[0]["epochs"] == 3
+
+
+def test_an_unreadable_or_finished_checkpoint_is_not_resumed(tmp_path):
+    import torch
+
+    from benchmarks.accuracy import matrix
+
+    job = matrix_job(tmp_path)
+    last = save_interrupted_checkpoint(tmp_path / "run")
+    assert matrix.resumable_epochs(job, last) == 1
+    torch.save({"model_cfg": {}, "model": {}, "optimizer": {}, "epoch": 2, "finished": True,
+                "opt": {"epochs": 3, "imgsz": 64, "batch_size": 16, "seed": 0}}, last)
+    assert matrix.resumable_epochs(job, last) is None
+    last.write_bytes(b"not a checkpoint")
+    assert matrix.resumable_epochs(job, last) is None
+    assert matrix.resumable_epochs(job, tmp_path / "absent.pt") is None
+
+
 def test_a_run_another_matrix_is_training_is_not_cleared(tmp_path, monkeypatch):
     """Two matrices on one --out: deleting the other's run folder would not stop it, only hide its lock."""
     import train
     from benchmarks.accuracy import matrix
     from utils.training.run_folder import hold_run_folder
 
-    job = {"kind": "glyphs", "size": 64, "seed": 0, "model": "yolov5n", "data": "d.yaml", "out": str(tmp_path),
-           "cfg": "m.yaml", "opt": {"epochs": 3, "batch_size": 16, "hyp": "h.yaml"}}
+    job = matrix_job(tmp_path)
     folder = tmp_path / "runs" / matrix.run_name(job)
     folder.mkdir(parents=True)
     (folder / "results.csv").write_text("epoch\n0\n")

@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 
 from benchmarks.accuracy.matrix import (BANDS, COMPARED_MODELS, DEFAULT_MODELS, KINDS, check_image_sizes,
-                                       cell_data_yaml, check_report_folder, compared_cells, make_data)
+                                       cell_data_yaml, check_report_folder, compared_cells, make_data,
+                                       resumable)
 from benchmarks.accuracy.variants import VARIANTS, variant_yaml
 from benchmarks.cli import map_in_workers, parse_checked, parser_for
 from utils.errors import exit_on_user_error
@@ -70,14 +71,6 @@ def summarise(rows: list[dict], auc_epochs: int) -> dict:
     return {"epochs": len(rows), "best_epoch": int(rows[best]["epoch"]), "map": float(rows[best][MAP]),
             "bands": {b: float(rows[best].get(f"metrics/mAP50-95_{b}", "nan")) for b in BANDS},
             "auc": sum(curve) / auc_epochs}
-
-
-def resumable(last: Path) -> bool:
-    """Whether ``last.pt`` holds an unfinished run train.py's ``--resume`` continues (it refuses finished ones)."""
-    from utils.training.checkpoints import load_checkpoint
-
-    ckpt = load_checkpoint(last)
-    return not ckpt.get("finished") and ckpt.get("optimizer") is not None
 
 
 def train_or_resume(job: dict) -> None:

@@ -18,8 +18,9 @@ condition (no later than yolov5n + 2 where yolov5n starts).
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1     # one cell
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1 --train-seeds 2 3   # reruns of it
 
-With ``--out DIR`` finished runs are kept and reused: the same command continues an interrupted
-matrix, and ``--report-only`` prints the table of the runs finished so far without training.
+With ``--out DIR`` finished runs are kept and reused, and a run interrupted midway continues from its
+``last.pt`` (train.py's ``--resume``, bit-identical to an uninterrupted run): the same command continues an
+interrupted matrix, and ``--report-only`` prints the table of the runs finished so far without training.
 
 Runs go to separate processes with one thread each (``--jobs`` at a time): on a 2-core machine
 two one-thread runs finish sooner than one two-thread run. Accuracy columns do not depend on
@@ -144,9 +145,11 @@ def finished_row(job: dict) -> dict | None:
 def train_one(job: dict) -> dict:
     """Train one model in one cell (runs in a worker process); return its row of the table.
 
-    A run that already finished under the same ``--out`` is not trained again, so an interrupted
-    matrix continues where it stopped; the folder of a run interrupted midway is cleared first, since
-    train.py would append the new epochs to its results.csv.
+    A run that already finished under the same ``--out`` is not trained again, and one interrupted midway
+    continues from its ``last.pt`` through train.py's ``--resume`` (bit-identical to an uninterrupted run),
+    so an interrupted matrix continues where it stopped. The folder of an interrupted run that cannot be
+    resumed (no checkpoint yet, or one of other settings) is cleared first, since train.py would append the
+    new epochs to its results.csv. s/epoch counts only the epochs this call trained.
     """
     import torch
 
@@ -157,20 +160,53 @@ def train_one(job: dict) -> dict:
         return row
     torch.set_num_threads(1)
     out, opt = Path(job["out"]), job["opt"]
-    # another matrix on this --out may be training it: deleting its folder would not stop that run, only its lock
-    check_run_folder_free(out / "runs" / run_name(job), f"--out {out}")
-    shutil.rmtree(out / "runs" / run_name(job), ignore_errors=True)
-    t0 = time.perf_counter()
-    results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
-                        batch_size=opt["batch_size"], workers=0, seed=train_seed(job), project=str(out / "runs"),
-                        name=run_name(job), exist_ok=True, noplots=True, hyp=opt["hyp"])
-    seconds = time.perf_counter() - t0
     run_dir = out / "runs" / run_name(job)
+    # another matrix on this --out may be training it: deleting its folder would not stop that run, only its lock
+    check_run_folder_free(run_dir, f"--out {out}")
+    epochs_done = resumable_epochs(job, run_dir / "weights" / "last.pt")
+    t0 = time.perf_counter()
+    if epochs_done is not None:
+        results = train.run(resume=str(run_dir / "weights" / "last.pt"))
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
+                            batch_size=opt["batch_size"], workers=0, seed=train_seed(job), project=str(out / "runs"),
+                            name=run_name(job), exist_ok=True, noplots=True, hyp=opt["hyp"])
+    seconds = time.perf_counter() - t0
     row = {**row_keys(job), "map50": results[2], "map": results[3],
            "bands": size_band_ap(run_dir / "weights" / "last.pt", Path(job["data"]), job["size"], out),
-           **read_curve(run_dir / "results.csv"), "s_per_epoch": seconds / opt["epochs"]}
+           **read_curve(run_dir / "results.csv"), "s_per_epoch": seconds / (opt["epochs"] - (epochs_done or 0))}
     (run_dir / "row.json").write_text(json.dumps(row))
     return row
+
+
+def resumable(last: Path) -> bool:
+    """Whether ``last.pt`` holds an unfinished run train.py's ``--resume`` continues (it refuses finished ones)."""
+    from utils.training.checkpoints import load_checkpoint
+
+    return unfinished(load_checkpoint(last))
+
+
+def unfinished(ckpt: dict) -> bool:
+    return not ckpt.get("finished") and ckpt.get("optimizer") is not None
+
+
+def resumable_epochs(job: dict, last: Path) -> int | None:
+    """Whole epochs an interrupted run of this job saved in ``last.pt`` (0 for a checkpoint within its first
+    epoch), or None where it must start again: no checkpoint, an unreadable or finished one, or one begun
+    with another schedule, image size, batch or seed."""
+    from utils.training.checkpoints import load_checkpoint
+
+    if not last.is_file():
+        return None
+    try:
+        ckpt = load_checkpoint(last)
+    except UserError:  # unreadable: the run starts again
+        return None
+    began = {k: ckpt["opt"].get(k) for k in ("epochs", "imgsz", "batch_size", "seed")}
+    wanted = {"epochs": job["opt"]["epochs"], "imgsz": job["size"], "batch_size": job["opt"]["batch_size"],
+              "seed": train_seed(job)}
+    return ckpt["epoch"] + 1 if unfinished(ckpt) and began == wanted else None
 
 
 def format_table(rows: list[dict]) -> str:
