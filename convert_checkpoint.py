@@ -21,10 +21,12 @@ if str(ROOT) not in sys.path:
 from models.yolo import Model  # noqa: E402
 from utils.convert_checkpoint import convert  # noqa: E402
 from utils.errors import exit_on_user_error  # noqa: E402
+from utils.options import OneLineErrorParser  # noqa: E402
 
 
 def parse_opt(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog="python convert_checkpoint.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", help="upstream YOLOv5 v6/v7 or FFCA-YOLO checkpoint (.pt)")
     parser.add_argument("dst", help="plain checkpoint to write (.pt)")
     parser.add_argument("--fixed-ffm", action="store_true", help="write every FFM layer in this project's fixed "

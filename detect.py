@@ -33,7 +33,8 @@ from models.experimental import tta_forward  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
-from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
+from utils.options import (DETECT_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
+                           check_options)
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
 from utils.out_of_memory import DETECT_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
@@ -380,7 +381,8 @@ DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thi
 
 
 def parse_opt(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog="python detect.py", description=__doc__, upstream_flags=DETECT_UPSTREAM_FLAGS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shared_flags(parser, project=ROOT / "runs/detect", weights_help="checkpoint(s); several = ensemble",
                      imgsz_help="inference size h,w", imgsz_hw=True)
     parser.add_argument("--source", type=str, required=True,

@@ -36,6 +36,7 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import atomic_write_bytes, replace_folder  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.ops import check_img_size  # noqa: E402
+from utils.options import EXPORT_UPSTREAM_FLAGS, OneLineErrorParser  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
 ONNX_OPSETS = (7, 20)  # the opsets torch.onnx.export(dynamo=False) accepts, lowest and highest
@@ -254,7 +255,8 @@ def run(weights, imgsz=(640,), batch_size=1, include=("torchscript",), dynamic=F
 
 
 def parse_opt(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog="python export.py", description=__doc__, upstream_flags=EXPORT_UPSTREAM_FLAGS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", type=str, required=True, help="checkpoint (.pt) to export")
     parser.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="image size h w")
     parser.add_argument("--batch-size", type=int, default=1, help="batch size of the exported graph")

@@ -50,8 +50,8 @@ from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.loss import ComputeLoss, scale_loss_gains  # noqa: E402
 from utils.metrics import fitness  # noqa: E402
 from utils.training.evolve import META, evolve  # noqa: E402
-from utils.options import (OptionRules, add_shared_flags, check_options, merge_resumed_options,  # noqa: E402
-                           typed_flags)
+from utils.options import (TRAIN_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
+                           check_options, merge_resumed_options, typed_flags)
 from utils.ops import check_img_size  # noqa: E402
 from utils.out_of_memory import out_of_memory_hint  # noqa: E402
 from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
@@ -82,7 +82,8 @@ def parse_opt(argv=None):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train a YOLOv5 / FFCA-YOLO detector")
+    p = OneLineErrorParser(prog="python train.py", description="Train a YOLOv5 / FFCA-YOLO detector",
+                          upstream_flags=TRAIN_UPSTREAM_FLAGS)
     add_shared_flags(p, project=DEFAULT_PROJECT, many_weights=False, imgsz_help="train and val image size (px)",
                      weights_help="checkpoint to start from ('' = from scratch)")
     p.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/ffca-yolo.yaml")

@@ -33,7 +33,8 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path  # noqa: E402
 from utils.logging import LOGGER, colorstr, log_speed_and_outputs  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
-from utils.options import OptionRules, add_shared_flags, check_options  # noqa: E402
+from utils.options import (VAL_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
+                           check_options)
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, yolo_label_lines  # noqa: E402
 from utils.out_of_memory import TRAIN_ADVICE, VAL_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import (output_to_target, plot_ap_curves, plot_band_pr, plot_confusion_matrix,  # noqa: E402
@@ -379,7 +380,8 @@ VAL_RULES = OptionRules(positive=("batch_size", "imgsz", "max_det"), non_negativ
 
 
 def parse_opt(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog="python val.py", description=__doc__, upstream_flags=VAL_UPSTREAM_FLAGS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shared_flags(parser, project=ROOT / "runs/val", weights_help="checkpoint(s); several = ensemble",
                      imgsz_help="inference size (pixels)")
     parser.add_argument("--data", type=str, required=True, help="data set YAML")

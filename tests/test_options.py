@@ -1,6 +1,7 @@
 """The shared command-line layer (utils/options.py) and the checks every entry script runs through it."""
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -89,3 +90,53 @@ def test_val_stops_when_weights_and_data_disagree_on_the_class_count(tiny_cfg, s
     with pytest.raises(UserError, match="predicts 2 classes but --data .* has 4; use the data set"):
         val._check_class_counts(model, data, "w.pt", single_cls=False)
     val._check_class_counts(model, data, "w.pt", single_cls=True)  # --single-cls scores them as one
+
+
+UPSTREAM_TABLES = {"train": "TRAIN_UPSTREAM_FLAGS", "val": "VAL_UPSTREAM_FLAGS", "detect": "DETECT_UPSTREAM_FLAGS",
+                   "export": "EXPORT_UPSTREAM_FLAGS"}
+REQUIRED = {"train": [], "val": ["--data", "d.yaml", "--weights", "w.pt"],
+            "detect": ["--weights", "w.pt", "--source", "x.jpg"], "export": ["--weights", "w.pt"]}
+
+
+def entry_parse(script: str):
+    import importlib
+
+    module = importlib.import_module(script)
+    return module.parse_opt
+
+
+@pytest.mark.parametrize("script", sorted(UPSTREAM_TABLES))
+def test_a_yolov5_flag_the_script_lacks_gets_what_to_do_in_one_line(script):
+    """An upstream command line (``detect.py --dnn``, ``train.py --bucket gs://x``) gets advice, not argparse's usage."""
+    import utils.options
+
+    table = getattr(utils.options, UPSTREAM_TABLES[script])
+    assert table
+    for flag, advice in table.items():
+        for argv in ([flag], [f"{flag}=1"], [flag, "value"]):
+            with pytest.raises(UserError) as info:
+                entry_parse(script)(REQUIRED[script] + argv)
+            message = str(info.value)
+            assert message == f"{flag}: a YOLOv5 flag that python {script}.py does not carry: {advice}"
+            assert "\n" not in message
+
+
+@pytest.mark.parametrize("script", sorted(UPSTREAM_TABLES))
+def test_the_advice_tables_name_only_flags_the_script_really_lacks(script, capsys):
+    """A flag added to a script later must leave its table: its advice would claim it is missing."""
+    import utils.options
+
+    with pytest.raises(SystemExit) as info:
+        entry_parse(script)(["--help"])
+    listed = set(re.findall(r"--[a-z][a-z_-]*", capsys.readouterr().out))
+    assert info.value.code == 0 and "--help" in listed
+    assert not set(getattr(utils.options, UPSTREAM_TABLES[script])) & listed
+
+
+@pytest.mark.parametrize("script", ["train", "val", "detect", "export", "convert_checkpoint"])
+def test_any_other_bad_command_line_is_one_line_naming_the_help(script):
+    with pytest.raises(UserError, match=rf"^unrecognized arguments: --frobnicate 3; see python {script}\.py --help$"):
+        entry_parse(script)(REQUIRED.get(script, ["a.pt", "b.pt"]) + ["--frobnicate", "3"])
+    if script != "train":
+        with pytest.raises(UserError, match=rf"^the following arguments are required: .*; see python {script}\.py"):
+            entry_parse(script)([])

@@ -19,11 +19,58 @@ from utils.logging import LOGGER
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse that reports a bad flag as a UserError (one ERROR line, exit 2) instead of usage text.
 
-    The line ends with ``; see PROG --help`` so the user knows where the flags are listed.
+    The line ends with ``; see PROG --help`` so the user knows where the flags are listed. ``upstream_flags``
+    maps flags of YOLOv5's version of the command that this one does not carry to what to do instead: an
+    upstream command line gets that advice rather than "unrecognized arguments".
     """
 
+    def __init__(self, *args, upstream_flags: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.upstream_flags = upstream_flags or {}
+
     def error(self, message):
-        raise UserError(f"{message}; see {self.prog} --help")
+        raise UserError(self.upstream_advice(message) or f"{message}; see {self.prog} --help")
+
+    def upstream_advice(self, message: str) -> str | None:
+        if not message.startswith("unrecognized arguments:"):
+            return None
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=", 1)[0]
+            if flag in self.upstream_flags:
+                return f"{flag}: a YOLOv5 flag that {self.prog} does not carry: {self.upstream_flags[flag]}"
+        return None
+
+
+_ONNX_INSTEAD = ("OpenCV DNN inference is not built in; export with python export.py --include onnx and pass the "
+                 ".onnx file to --weights (it runs on ONNX Runtime)")
+_WANDB = "Weights & Biases is not built in; --logger tensorboard or --logger mlflow log the same metrics"
+_NO_NMS_IN_GRAPH = ("the exported graph ends before NMS (TensorFlow NMS is not built in); detect.py and val.py apply "
+                    "NMS to an exported model with --conf-thres and --iou-thres")
+_NO_INT8 = "int8 quantisation is not built in; export fp32 (or --half on CUDA) and quantise with your runtime's tools"
+_FORMATS_HERE = "TensorFlow, CoreML and TensorRT exports are not built in; --include takes onnx torchscript openvino"
+DETECT_UPSTREAM_FLAGS = {
+    "--dnn": _ONNX_INSTEAD,
+    "--visualize": "feature-map pictures are not built in; python -m benchmarks.accuracy.module_stats --trained "
+                   "WEIGHTS prints the scale of each FFCA module's features instead",
+    "--update": "not needed: checkpoints here are plain data that load with weights_only=True (convert an upstream "
+                "one with python convert_checkpoint.py SRC DST)",
+}
+VAL_UPSTREAM_FLAGS = {"--dnn": _ONNX_INSTEAD}
+TRAIN_UPSTREAM_FLAGS = {
+    "--bucket": "cloud storage is not built in (nothing is downloaded or uploaded); copy the files to a local path",
+    **dict.fromkeys(("--entity", "--upload_dataset", "--bbox_interval", "--artifact_alias"), _WANDB),
+    **dict.fromkeys(("--evolve_population", "--resume_evolve"),
+                    "to continue an evolution, rerun the same --evolve command with --exist-ok: it continues from "
+                    "the evolve.csv of its run folder"),
+    **dict.fromkeys(("--ndjson-console", "--ndjson-file"),
+                    "every epoch's metrics are in the run folder's results.csv (and in --logger tensorboard or mlflow)"),
+}
+EXPORT_UPSTREAM_FLAGS = {
+    **dict.fromkeys(("--int8", "--per-tensor", "--data"), _NO_INT8),
+    **dict.fromkeys(("--keras", "--optimize", "--mlmodel", "--workspace"), _FORMATS_HERE),
+    **dict.fromkeys(("--nms", "--agnostic-nms", "--topk-per-class", "--topk-all", "--iou-thres", "--conf-thres"),
+                    _NO_NMS_IN_GRAPH),
+}
 
 
 def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: str, many_weights: bool = True,
