@@ -377,7 +377,7 @@ def report(dt, seen, shape, save_dir, n_labels, nosave):
 
 
 DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness"),
-                           non_negative=("batch_size",))
+                           non_negative=("batch_size",), repo_yamls=("data",))
 
 
 def parse_opt(argv=None):

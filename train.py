@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------- options
 
 TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers", "save_interval"),
-                          files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),))
+                          files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),),
+                          repo_yamls=("cfg", "hyp", "data"))
 RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience"}
 # the rules of TRAIN_RULES on flags a resume may change (the checkpoint's own values passed them when it began)
 RESUME_RULES = OptionRules(non_negative=TRAIN_RULES.non_negative)

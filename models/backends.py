@@ -28,6 +28,7 @@ from torch import nn
 from models.experimental import attempt_load
 from utils.errors import UserError
 from utils.logging import LOGGER
+from utils.options import MISSING_FILE_HINTS
 
 METADATA_KEYS = ("stride", "names", "imgsz", "batch", "dynamic")
 TORCHSCRIPT_METADATA = "config.txt"
@@ -267,14 +268,15 @@ def load_backend(weights, device=None, fuse=True) -> InferenceBackend:
     if not paths:
         raise UserError("--weights: no weights file given; pass a checkpoint such as runs/train/exp/weights/best.pt")
     kinds = {weights_kind(p) for p in paths}
+    if len(paths) > 1 and kinds != {"pytorch"}:
+        raise UserError(f"--weights {[str(p) for p in paths]}: only .pt checkpoints can form an ensemble")
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UserError(f"--weights {missing[0]}: file not found{MISSING_FILE_HINTS['weights']}")
     device = torch.device(device or "cpu")
     if kinds == {"pytorch"}:
         return PyTorchBackend(attempt_load(paths if len(paths) > 1 else paths[0], device=device, fuse=fuse))
-    if len(paths) > 1:
-        raise UserError(f"--weights {[str(p) for p in paths]}: only .pt checkpoints can form an ensemble")
     path = Path(paths[0])
-    if not path.exists():
-        raise UserError(f"--weights {path}: file not found")
     backend = EXPORTED_BACKENDS[kinds.pop()](path, device)
     LOGGER.info(f"Loaded {path} ({backend.kind}, {backend.nc} classes, strides {backend.stride.tolist()})")
     return backend

@@ -32,6 +32,7 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.logging import LOGGER  # noqa: E402
 from utils.ops import make_divisible  # noqa: E402
+from utils.options import OneLineErrorParser, find_repo_file  # noqa: E402
 from utils.torch_utils import model_info  # noqa: E402
 
 STRIDE_PROBE_SIZE = 128  # square input for the forward pass that measures strides
@@ -451,7 +452,8 @@ def layer_table(model: DetectionModel) -> str:
 # ----------------------------------------------------------------------------- command line
 def parse_opt(argv=None) -> argparse.Namespace:
     """Command-line options of ``python models/yolo.py``."""
-    parser = argparse.ArgumentParser(description="Build a model YAML and print its layers and summary.")
+    parser = OneLineErrorParser(prog="python models/yolo.py",
+                                description="Build a model YAML and print its layers and summary.")
     parser.add_argument("--cfg", type=str, default="models/ffca-yolo.yaml", help="model YAML path")
     parser.add_argument("--imgsz", type=int, default=640, help="image size for the GFLOPs figure")
     parser.add_argument("--nc", type=int, default=None, help="override the YAML's number of classes")
@@ -466,7 +468,7 @@ def main(argv=None) -> None:
         raise UserError(f"--imgsz must be a positive int, got {opt.imgsz}")
     if opt.nc is not None and opt.nc < 1:
         raise UserError(f"--nc must be a positive int, got {opt.nc}")
-    model = DetectionModel(opt.cfg, nc=opt.nc)
+    model = DetectionModel(find_repo_file(opt.cfg, "--cfg"), nc=opt.nc)
     LOGGER.info(layer_table(model))
     model.info(imgsz=opt.imgsz)
 

@@ -107,7 +107,7 @@ def entry_parse(script: str):
 
 @pytest.mark.parametrize("script", sorted(UPSTREAM_TABLES))
 def test_a_yolov5_flag_the_script_lacks_gets_what_to_do_in_one_line(script):
-    """An upstream command line (``detect.py --dnn``, ``train.py --bucket gs://x``) gets advice, not argparse's usage."""
+    """An upstream command line (``detect.py --dnn``, ``train.py --bucket gs://x``) gets advice, not usage text."""
     import utils.options
 
     table = getattr(utils.options, UPSTREAM_TABLES[script])
@@ -140,3 +140,69 @@ def test_any_other_bad_command_line_is_one_line_naming_the_help(script):
     if script != "train":
         with pytest.raises(UserError, match=rf"^the following arguments are required: .*; see python {script}\.py"):
             entry_parse(script)([])
+
+
+def test_a_bare_yaml_name_is_found_in_models_or_data_as_in_yolov5(tmp_path, monkeypatch):
+    """``--cfg yolov5n.yaml``, ``--hyp hyp.scratch-low.yaml``, ``--data shapes.yaml`` from any folder."""
+    from utils.options import REPO_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    opt = argparse.Namespace(cfg="yolov5n.yaml", hyp="hyp.scratch-low.yaml", data="shapes.yaml", weights="",
+                             epochs=1, imgsz=64, patience=0, workers=0, save_interval=1.0, cache=None)
+    check_options(opt, train.TRAIN_RULES)
+    assert (opt.cfg, opt.hyp, opt.data) == (str(REPO_ROOT / "models" / "yolov5n.yaml"),
+                                            str(REPO_ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"),
+                                            str(REPO_ROOT / "data" / "shapes.yaml"))
+    (tmp_path / "yolov5n.yaml").write_text("nc: 1\n")  # a file of that name in the working folder wins
+    opt.cfg = "yolov5n.yaml"
+    assert check_options(opt, train.TRAIN_RULES).cfg == "yolov5n.yaml"
+
+
+def test_a_name_the_repository_holds_twice_or_not_at_all_is_not_guessed(tmp_path, monkeypatch):
+    import utils.options
+    from utils.options import find_repo_file
+
+    for folder in ("models", "data/hyps", "data/other"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "models" / "m.yaml").write_text("")
+    (tmp_path / "data" / "hyps" / "h.yaml").write_text("")
+    (tmp_path / "data" / "other" / "h.yaml").write_text("")
+    monkeypatch.setattr(utils.options, "REPO_ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path / "data")
+    assert find_repo_file("m.yaml", "--cfg") == str(tmp_path / "models" / "m.yaml")
+    with pytest.raises(UserError, match=r"^--hyp h\.yaml: no such file here, and the repository has several "
+                                        r"\(data/hyps/h\.yaml, data/other/h\.yaml\); give the path of one$"):
+        find_repo_file("h.yaml", "--hyp")
+    assert find_repo_file("absent.yaml", "--cfg") == "absent.yaml"
+    assert find_repo_file("sub/m.yaml", "--cfg") == "sub/m.yaml"  # a path is taken as given
+    opt = argparse.Namespace(cfg="absent.yaml")
+    with pytest.raises(UserError, match=r"^--cfg absent\.yaml: file not found$"):
+        check_options(opt, OptionRules(files=("cfg",), repo_yamls=("cfg",)))
+
+
+def test_missing_weights_or_data_say_nothing_is_downloaded(tmp_path, monkeypatch):
+    """YOLOv5 downloads yolov5s.pt and coco128; here each is one line saying what to do instead."""
+    from models.backends import load_backend
+    from utils.dataset.data_config import check_dataset
+
+    monkeypatch.chdir(tmp_path)
+    opt = argparse.Namespace(weights="yolov5s.pt")
+    with pytest.raises(UserError, match=r"^--weights yolov5s\.pt: file not found; nothing is downloaded here: .*"
+                                        r"python convert_checkpoint\.py SRC DST\)$"):
+        check_options(opt, OptionRules(files=("weights",)))
+    for weights in ("yolov5s.pt", ["best.pt", "yolov5s.pt"], "yolov5s.onnx"):
+        with pytest.raises(UserError, match=r"^--weights (yolov5s|best)\.(pt|onnx): file not found; nothing is "):
+            load_backend(weights)
+    with pytest.raises(UserError, match=r"^--data coco128\.yaml: file not found; nothing is downloaded here .*"
+                                        r"data/shapes\.yaml for the embedded set$"):
+        check_dataset("coco128.yaml")
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_the_model_printer_finds_a_bare_cfg_name_too(tmp_path, monkeypatch, log_lines):
+    """``python models/yolo.py --cfg yolov5n.yaml`` (YOLOv5's habit) from another folder."""
+    from models.yolo import main as yolo_main
+
+    monkeypatch.chdir(tmp_path)
+    yolo_main(["--cfg", "yolov5n.yaml", "--imgsz", "64"])
+    assert any(line.startswith("yolov5n summary:") for line in log_lines)

@@ -63,7 +63,8 @@ TRAIN_UPSTREAM_FLAGS = {
                     "to continue an evolution, rerun the same --evolve command with --exist-ok: it continues from "
                     "the evolve.csv of its run folder"),
     **dict.fromkeys(("--ndjson-console", "--ndjson-file"),
-                    "every epoch's metrics are in the run folder's results.csv (and in --logger tensorboard or mlflow)"),
+                    "every epoch's metrics are in the run folder's results.csv (and in --logger tensorboard "
+                    "or mlflow)"),
 }
 EXPORT_UPSTREAM_FLAGS = {
     **dict.fromkeys(("--int8", "--per-tensor", "--data"), _NO_INT8),
@@ -103,6 +104,15 @@ class OptionRules:
     files: tuple = ()  # paths that must exist when given (an empty value means "not given")
     folders: tuple = ()  # output folders: a missing one is made later, an existing file is refused
     choices: tuple = ()  # (name, allowed values) pairs for values that argparse cannot restrict
+    repo_yamls: tuple = ()  # a bare file name not in the working folder is looked up in models/ and data/
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SEARCHED_FOLDERS = ("models", "data")  # where YOLOv5 finds --cfg yolov5n.yaml or --hyp hyp.scratch-low.yaml
+MISSING_FILE_HINTS = {
+    "weights": "; nothing is downloaded here: put the file on disk first (a YOLOv5 or FFCA-YOLO release .pt "
+               "converts with python convert_checkpoint.py SRC DST)",
+}
 
 
 def flag_name(attribute: str) -> str:
@@ -115,7 +125,10 @@ def _values(value) -> list:
 
 
 def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Namespace:
-    """Raise one :class:`UserError` line for the first option that breaks ``rules``; return ``opt``."""
+    """Raise one :class:`UserError` line for the first option that breaks ``rules``; return ``opt``, with the
+    bare names of ``rules.repo_yamls`` resolved to the repository's file of that name."""
+    for name in rules.repo_yamls:
+        setattr(opt, name, find_repo_file(getattr(opt, name), flag_name(name)))
     for name in rules.positive:
         value = getattr(opt, name)
         if value is not None and any(v < 1 for v in _values(value)):
@@ -134,7 +147,7 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
     for name in rules.files:
         for value in _values(getattr(opt, name)):
             if value and not Path(value).is_file():
-                raise UserError(f"{flag_name(name)} {value}: file not found")
+                raise UserError(f"{flag_name(name)} {value}: file not found{MISSING_FILE_HINTS.get(name, '')}")
     for name in rules.folders:
         value = getattr(opt, name)
         if value:
@@ -144,6 +157,19 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
         if value not in allowed:
             raise UserError(f"{flag_name(name)} {value}: use one of {', '.join(map(str, allowed))}")
     return opt
+
+
+def find_repo_file(value, flag: str):
+    """``value`` when it exists or is more than a bare file name; else the one file of that name under the
+    repository's models/ or data/, as YOLOv5 resolves ``--cfg yolov5n.yaml`` (else ``value``, left for the
+    existence checks to report)."""
+    if not value or Path(value).exists() or Path(value).name != str(value):
+        return value
+    found = sorted(p for folder in SEARCHED_FOLDERS for p in (REPO_ROOT / folder).rglob(str(value)) if p.is_file())
+    if len(found) > 1:
+        raise UserError(f"{flag} {value}: no such file here, and the repository has several "
+                        f"({', '.join(str(p.relative_to(REPO_ROOT)) for p in found)}); give the path of one")
+    return str(found[0]) if found else value
 
 
 def typed_flags(parser: argparse.ArgumentParser, argv: list) -> dict:

@@ -130,6 +130,9 @@ def check_dataset(path) -> dict:
         yaml_file = Path(path).resolve()
         if yaml_file.suffix not in (".yaml", ".yml"):
             raise UserError(f"--data {path}: expected a data set .yaml file")
+        if not yaml_file.is_file():
+            raise UserError(f"--data {path}: file not found; nothing is downloaded here (YOLOv5 fetches coco128 and "
+                            "others): give your data set's YAML (docs/data.md), or data/shapes.yaml for the embedded set")
         data = yaml_load(yaml_file)
     nc = _parse_nc(data.get("nc"), yaml_file)
     if data.get("names") in (None, "") and nc is not None and nc > 0:  # YOLOv5's default names for a YAML that gives only nc
