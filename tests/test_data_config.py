@@ -61,6 +61,24 @@ def test_relative_path_falls_back_to_the_working_directory(tmp_path, monkeypatch
     assert data["test"].endswith("images/val")
 
 
+def test_relative_path_then_falls_back_to_the_repository_root_as_in_yolov5(tmp_path, monkeypatch):
+    """An upstream YAML's ``path: ../datasets/coco128`` is the folder beside the repository, from any folder."""
+    make_root(tmp_path / "datasets" / "toy")  # beside the repository
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    yaml_file = write_yaml(tmp_path / "yamls" / "cfg" / "toy.yaml", """
+        path: ../datasets/toy
+        train: images/train
+        val: images/val
+        names: [a]
+    """)
+    monkeypatch.setattr(data_config, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "work" / "sub")
+    assert check_dataset(yaml_file)["path"] == str((tmp_path / "datasets" / "toy").resolve())
+    make_root(tmp_path / "work" / "datasets" / "toy")  # the working directory comes before the repository
+    assert check_dataset(yaml_file)["path"] == str((tmp_path / "work" / "datasets" / "toy").resolve())
+
+
 def test_missing_path_key_means_the_yaml_folder_and_txt_splits_work(tmp_path):
     make_root(tmp_path)
     (tmp_path / "train.txt").write_text("images/train/a.jpg\n")

@@ -3,7 +3,7 @@
 Schema: ``path`` (root), ``train``, ``val``, optional ``test`` (each a folder of images, a ``.txt``
 list of image paths, or a list of these, relative to the root unless absolute), ``names`` (a list
 or an ``{id: name}`` mapping), optional ``nc`` (alone, it names the classes class0, class1, ... as YOLOv5 does). A relative ``path`` resolves against the YAML's own
-folder first, then the working directory. ``generate: shapes`` builds this project's synthetic data
+folder first, then the working directory, then the repository's root (YOLOv5's rule). ``generate: shapes`` builds this project's synthetic data
 set when it is missing; a ``download:`` key is never executed.
 """
 
@@ -15,6 +15,7 @@ from utils.errors import UserError
 from utils.files import yaml_load
 from utils.logging import LOGGER
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ("train", "val", "test")
 # generators this project ships, by the name a YAML's ``generate:`` key uses; each is called with the root folder
 GENERATORS = {"shapes": make_shapes}
@@ -60,18 +61,17 @@ def _parse_nc(nc, yaml_file):
 
 
 def _resolve_root(root, yaml_file: Path) -> Path:
-    """The data set root: absolute as given; relative -> the YAML's folder if it exists there, else the CWD.
+    """The data set root: absolute as given; relative -> the first that exists of the YAML's folder, the working
+    directory and the repository's root (where YOLOv5 resolves it, so an upstream ``path: ../datasets/coco128``
+    finds the folder beside the repository from anywhere).
 
-    When neither exists the YAML-relative location is returned, so a generator builds it there.
+    When none exists the YAML-relative location is returned, so a generator builds it there.
     """
     root = Path(root if root is not None else "")
     if root.is_absolute():
         return root
-    beside_yaml = (yaml_file.parent / root).resolve()
-    from_cwd = (Path.cwd() / root).resolve()
-    if beside_yaml.exists() or not from_cwd.exists():
-        return beside_yaml
-    return from_cwd
+    candidates = [(folder / root).resolve() for folder in (yaml_file.parent, Path.cwd(), REPO_ROOT)]
+    return next((c for c in candidates if c.exists()), candidates[0])
 
 
 def _resolve_split(value, root: Path, key: str, yaml_file: Path):
