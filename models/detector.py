@@ -3,6 +3,7 @@
     from models import Detector
     detector = Detector("runs/train/exp/weights/best.pt", conf=0.25)   # or best.onnx / best.torchscript / best_openvino_model
     result = detector("image.jpg")                                     # one image -> one Detections
+    result = detector("image.jpg", size=320)                           # another image size for this call
     for det in detector([np_rgb_array, pil_image], iou=0.5):           # a list -> a list
         print(det.boxes, det.scores, det.classes, det.labels)
 
@@ -23,7 +24,7 @@ import torch
 from models.backends import load_backend
 from utils.augmentations import letterbox
 from utils.errors import UserError
-from utils.ops import check_img_size, non_max_suppression, scale_boxes
+from utils.ops import check_img_size, make_divisible, non_max_suppression, scale_boxes
 from utils.torch_utils import select_device
 
 
@@ -98,21 +99,36 @@ class Detector:
         self.names = self.model.names
         self.options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic}
 
-    def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
-        """HWC RGB uint8 -> letterboxed ``(1, 3, h, w)`` float 0-1 on the model's device."""
-        im = letterbox(rgb, self.imgsz, stride=self.stride, auto=self.model.fixed_shape is None)[0]
+    def input_size(self, size=None) -> list:
+        """``[h, w]`` the images are letterboxed to: ``size`` (YOLOv5's per-call argument, an int or ``(h, w)``,
+        rounded up to the stride) or the Detector's ``imgsz``. A static export takes only its own size."""
+        if size is None:
+            return self.imgsz
+        wanted = list(size) if isinstance(size, (list, tuple)) else [size] * 2
+        if len(wanted) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in wanted):
+            raise UserError(f"Detector: size={size!r}: give a positive int or (height, width)")
+        if self.model.fixed_shape is not None:
+            if wanted != self.imgsz:
+                raise UserError(f"Detector: size={size!r}: this exported model's input is fixed at {self.imgsz}; "
+                                "export with --dynamic to choose the size per call")
+            return self.imgsz
+        return [make_divisible(v, self.stride) for v in wanted]  # silently, as YOLOv5's hub model: no warning per call
+
+    def preprocess(self, rgb: np.ndarray, size=None) -> torch.Tensor:
+        """HWC RGB uint8 -> letterboxed ``(1, 3, h, w)`` float 0-1 on the model's device (``size``: see input_size)."""
+        im = letterbox(rgb, self.input_size(size), stride=self.stride, auto=self.model.fixed_shape is None)[0]
         im = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1))).to(self.device)[None]
         return (im.half() if self.half else im.float()) / 255
 
     @torch.no_grad()
-    def detect_one(self, image, **options) -> Detections:
+    def detect_one(self, image, size=None, **options) -> Detections:
         """Detections of one image in its original pixels."""
         opts = {**self.options, **options}
         unknown = set(options) - set(self.options)
         if unknown:
-            raise UserError(f"Detector: unknown option(s) {sorted(unknown)}; use {sorted(self.options)}")
+            raise UserError(f"Detector: unknown option(s) {sorted(unknown)}; use size or {sorted(self.options)}")
         rgb = to_rgb_array(image)
-        im = self.preprocess(rgb)
+        im = self.preprocess(rgb, size)
         pred = self.model(im)[0]
         det = non_max_suppression(pred.float(), opts["conf"], opts["iou"], opts["classes"], opts["agnostic"],
                                   max_det=opts["max_det"])[0]
@@ -121,8 +137,9 @@ class Detector:
         return Detections(det[:, :4].astype(np.float32), det[:, 4].astype(np.float32),
                           det[:, 5].astype(np.int64), self.names)
 
-    def __call__(self, images, **options):
-        """One image -> :class:`Detections`; a list or tuple of images -> a list of them."""
+    def __call__(self, images, size=None, **options):
+        """One image -> :class:`Detections`; a list or tuple of images -> a list of them. ``size`` letterboxes
+        to another image size for this call, as YOLOv5's ``model(im, size=640)``."""
         if isinstance(images, (list, tuple)):
-            return [self.detect_one(image, **options) for image in images]
-        return self.detect_one(images, **options)
+            return [self.detect_one(image, size, **options) for image in images]
+        return self.detect_one(images, size, **options)

@@ -93,3 +93,21 @@ def test_torch_hub_custom_loads_a_local_checkpoint(tiny_pt, image_path):
     detector = torch.hub.load(str(ROOT), "custom", path=str(tiny_pt), source="local", **OPTIONS)
     assert isinstance(detector, Detector)
     assert np.array_equal(detector(image_path).boxes, Detector(tiny_pt, **OPTIONS)(image_path).boxes)
+
+
+def test_size_per_call_letterboxes_as_a_detector_of_that_size_would(tiny_pt, image_path):
+    """YOLOv5's ``model(im, size=96)``: the same detections as a Detector built with ``imgsz=96``."""
+    small, large = Detector(tiny_pt, **OPTIONS), Detector(tiny_pt, **{**OPTIONS, "imgsz": 96})
+    for size in (96, (96, 96), 90):  # 90 rounds up to the stride, silently as in YOLOv5
+        by_call = small(image_path, size=size)
+        assert np.array_equal(by_call.boxes, large(image_path).boxes)
+    assert not np.array_equal(small(image_path).boxes, large(image_path).boxes)
+    assert small.imgsz == [64, 64]  # a call's size does not change the Detector
+    assert all(np.array_equal(a.boxes, b.boxes) for a, b in zip(small([image_path] * 2, size=96),
+                                                                [large(image_path)] * 2))
+
+
+@pytest.mark.parametrize("size", [0, -32, (64,), (64, 64, 3), 64.0, True, "640"])
+def test_a_bad_size_is_one_user_error_line(tiny_pt, image_path, size):
+    with pytest.raises(UserError, match=r"^Detector: size=.*: give a positive int or \(height, width\)$"):
+        Detector(tiny_pt, **OPTIONS)(image_path, size=size)

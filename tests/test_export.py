@@ -327,3 +327,16 @@ def test_authors_ffm_arithmetic_survives_export(tiny_cfg, tmp_path):
     assert {layer.arithmetic for layer in attempt_load(pt).model if hasattr(layer, "arithmetic")} == {"authors"}
     for path in (onnx_path, ts_path):
         assert (load_backend(path)(x)[0] - ref).abs().max() < 1e-3
+
+
+@pytest.mark.slow
+def test_a_static_export_takes_only_its_own_size_per_call(static_exports, shapes_data):
+    """``Detector(best.onnx)(im, size=...)``: the export's 64x64 works, another size says to export --dynamic."""
+    from models.detector import Detector
+
+    image = sorted((shapes_data.parent / "shapes" / "images" / "val").glob("*.jpg"))[0]
+    detector = Detector(static_exports["onnx"], conf=0.01)
+    assert np.array_equal(detector(image, size=64).boxes, detector(image).boxes)
+    with pytest.raises(UserError, match=r"^Detector: size=96: this exported model's input is fixed at \[64, 64\]; "
+                                        r"export with --dynamic"):
+        detector(image, size=96)
