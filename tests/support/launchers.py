@@ -63,8 +63,12 @@ def proc_status(pid: int) -> dict:
     return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
 
 
-def is_stopped(pid: int) -> bool:
-    return proc_status(pid)["State"].startswith("T")
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` (``T`` stopped, ``Z`` a zombie, ...), or ``X`` once it is gone."""
+    try:
+        return proc_status(pid)["State"][0]
+    except FileNotFoundError:
+        return "X"
 
 
 def has_pending(pid: int, signum: int) -> bool:
@@ -92,12 +96,15 @@ def workers_frozen(launcher: subprocess.Popen, timeout: float = 120):
     assert workers, "the launcher has no worker processes to stop"
     try:
         for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        wait_for(lambda: all(map(is_stopped, workers)), timeout, "every worker is stopped")
-        yield workers
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        # a short-lived child of the launcher may end in between (seen on a loaded machine): it writes nothing
+        wait_for(lambda: all(process_state(pid) in "TZX" for pid in workers), timeout, "every worker is stopped")
+        yield [pid for pid in workers if process_state(pid) == "T"]
     finally:
         for pid in workers:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def sigterm_passed_on(launcher: subprocess.Popen, workers: list, timeout: float = 120) -> None:
