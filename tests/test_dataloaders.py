@@ -102,11 +102,11 @@ def test_a_cache_made_under_older_scan_rules_is_rescanned_under_the_same_hash(tm
 def test_label_just_beyond_one_is_clipped_and_duplicates_removed(tmp_path, log_lines):
     images = make_dataset(tmp_path, n=2)
     lb = tmp_path / "labels" / "train" / "im0.txt"
-    lb.write_text("0 0.5 0.5 0.2 0.2\n1 0.9 1.004 0.1 0.1\n0 0.5 0.5 0.2 0.2\n\n")
+    lb.write_text("0 0.5 0.5 0.2 0.2\n1 0.9 1.0000004 0.1 0.1\n0 0.5 0.5 0.2 0.2\n\n")
     ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
     labels = ds.labels[ds.im_files.index(str(images / "im0.jpg"))]
     np.testing.assert_allclose(labels, [[0, 0.5, 0.5, 0.2, 0.2], [1, 0.9, 1.0, 0.1, 0.1]], atol=1e-6)
-    assert any(f"{lb}:2:" in m and "clipped" in m for m in log_lines)
+    assert any(f"{lb}:2: coordinate 1.0000004 slightly > 1 clipped to 1" in m for m in log_lines)
     assert any(f"{lb}:3: duplicate row removed" in m for m in log_lines)
     assert "1 duplicate" in [m for m in log_lines if "usable images" in m][-1]
 

@@ -130,7 +130,7 @@ def _parse_labels(lb_file):
         if problem:
             return None, None, "corrupt", False, [f"{lb_file}:{n}: {problem}; image skipped"]
         if max(values[1:]) > 1:
-            messages.append(f"{lb_file}:{n}: coordinate {max(values[1:]):g} slightly > 1 clipped to 1")
+            messages.append(f"{lb_file}:{n}: coordinate {max(values[1:])!r} slightly > 1 clipped to 1")
             values[1:] = [min(v, 1.0) for v in values[1:]]
         rows.append(values)
         line_numbers.append(n)
