@@ -8,6 +8,7 @@ Usage:
     python detect.py --weights best.pt --source clip.mp4         # video (written at its own fps and size)
     python detect.py --weights best.pt --source 0                # webcam 0, if a camera is attached
     python detect.py --weights best.pt --source big/ --slice 640 # sliced inference for large images
+    python detect.py --weights best.pt --source img.jpg --visualize  # every layer's feature maps, in img/
 """
 
 import argparse
@@ -23,6 +24,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 import torch
+from torch import nn
 
 ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
@@ -31,6 +33,7 @@ if str(ROOT) not in sys.path:
 from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
 from models.experimental import tta_forward  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.feature_maps import recorded_layer_outputs, save_feature_maps  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
 from utils.options import (DETECT_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
@@ -251,27 +254,48 @@ def predict_frames(model, frames, slicer, device, half, augment, nms_options):
     return dets, (t1 - t0, t2 - t1, t3 - t2)
 
 
-@torch.no_grad()
-def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres=0.45, max_det=1000, device="",
-        view_img=False, save_txt=False, save_csv=False, save_conf=False, save_crop=False, nosave=False, classes=None,
-        agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
-        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None,
-        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, batch_size=0):
-    """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
-
-    ``model``: an already-loaded eval model (``weights`` and ``device`` are then ignored); a plain
-    ``nn.Module`` is wrapped in ``PyTorchBackend``, which moves it to channels-last in place.
-    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``: consecutive
-    images or video frames of one letterboxed shape run through the model together (0: :func:`auto_batch_size`).
-    Returns the run folder.
-    """
-    save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
+def inference_model(weights, model, device):
+    """``(backend, device)``: ``weights`` loaded on ``device``, or the already-loaded ``model`` (a plain
+    ``nn.Module`` is wrapped in ``PyTorchBackend``, which moves it to channels-last in place)."""
     if model is None:
         device = select_device(device)
         model = load_backend(weights, device=device, fuse=True)  # .pt, .onnx, .torchscript or *_openvino_model/
     elif not isinstance(model, InferenceBackend):
         model = PyTorchBackend(model)  # a live model runs channels-last like a loaded checkpoint
-    device = getattr(model, "device", None) or next(model.parameters()).device
+    return model, getattr(model, "device", None) or next(model.parameters()).device
+
+
+def visualized_layers(backend, slice_size: int) -> nn.Sequential:
+    """The layers ``--visualize`` draws: those of one PyTorch checkpoint, run on whole frames."""
+    if backend.kind != "pytorch":
+        raise UserError(f"--visualize needs a .pt checkpoint: an {backend.kind} model does not show its layers")
+    if not hasattr(backend.model, "model"):
+        raise UserError("--visualize draws one model's layers: give one checkpoint, not an ensemble")
+    if slice_size:
+        raise UserError(f"--visualize does not apply to --slice {slice_size} (a frame runs as many tiles); "
+                        "drop one of the two")
+    return backend.model.model
+
+
+@torch.no_grad()
+def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres=0.45, max_det=1000, device="",
+        view_img=False, save_txt=False, save_csv=False, save_conf=False, save_crop=False, nosave=False, classes=None,
+        agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
+        line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None,
+        slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, batch_size=0,
+        visualize=False):
+    """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
+
+    ``model``: an already-loaded eval model (``weights`` and ``device`` are then ignored); see
+    :func:`inference_model`. ``visualize``: each frame's feature maps, per layer, into a folder named like
+    its label file (utils/feature_maps.py).
+    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``: consecutive
+    images or video frames of one letterboxed shape run through the model together (0: :func:`auto_batch_size`).
+    Returns the run folder.
+    """
+    save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
+    model, device = inference_model(weights, model, device)
+    layers = visualized_layers(model, slice_size) if visualize else None
     stride = int(model.stride.max())
     imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)
     imgsz = check_img_size(imgsz, stride=stride)
@@ -295,16 +319,17 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
                    line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
     for frames in frame_batches(dataset, batch_size):
-        with out_of_memory_hint("detection", batch_size, imgsz, device, DETECT_ADVICE):
+        with out_of_memory_hint("detection", batch_size, imgsz, device, DETECT_ADVICE), \
+                recorded_layer_outputs(layers) if layers is not None else contextlib.nullcontext({}) as fmaps:
             dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
         dt = [total + t for total, t in zip(dt, times)]
         seen += len(frames)
-        for f, det in zip(frames, dets):
+        for b, (f, det) in enumerate(zip(frames, dets)):
             with output_errors(save_dir):
                 write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
-            counts = Counter(int(c) for c in det[:, 5])
-            found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
-            LOGGER.info(f"{f.text}{found or '(no detections), '}{times[1] / len(frames) * 1e3:.1f}ms")
+                if fmaps:
+                    save_feature_maps(fmaps, b, feature_map_folder(save_dir, f, outputs["stems"]))
+            log_frame(f, det, names, times[1] / len(frames))
             summary.add(f.path, det[:, 5].tolist(), sum(times) / len(frames), f.mode != "image")
 
     video.release()
@@ -312,6 +337,18 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir,
            len(outputs["label_files"]) if save_txt else None, nosave)
     return save_dir
+
+
+def log_frame(frame, det, names, seconds: float) -> None:
+    """One line per frame: its source text, the detections per class and the inference time."""
+    counts = Counter(int(c) for c in det[:, 5])
+    found = "".join(f"{n} {names[c]}{'s' * (n > 1)}, " for c, n in sorted(counts.items()))
+    LOGGER.info(f"{frame.text}{found or '(no detections), '}{seconds * 1e3:.1f}ms")
+
+
+def feature_map_folder(save_dir, frame, stems) -> Path:
+    """``--visualize``'s folder of one frame: named like its label file (``a``, ``clip_12``), so none is shared."""
+    return save_dir / save_path_for(save_dir, frame.path, frame.mode, frame.frame, stems)[1].name
 
 
 def make_run_folder(folder):
@@ -407,6 +444,8 @@ def parse_opt(argv=None):
     parser.add_argument("--hide-conf", action="store_true", help="hide confidences")
     parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride")
+    parser.add_argument("--visualize", action="store_true",
+                        help="save each layer's first 32 feature maps per image into <run>/<image stem>/ (.pt only)")
     parser.add_argument("--batch-size", type=int, default=0,
                         help="images or video frames per forward pass; 0 = 8 on CUDA, on CPU by image size "
                              "(8 at 256 px, 1 at 640 px); a webcam always runs one at a time")

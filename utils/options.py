@@ -50,8 +50,6 @@ _NO_INT8 = "int8 quantisation is not built in; export fp32 (or --half on CUDA) a
 _FORMATS_HERE = "TensorFlow, CoreML and TensorRT exports are not built in; --include takes onnx torchscript openvino"
 DETECT_UPSTREAM_FLAGS = {
     "--dnn": _ONNX_INSTEAD,
-    "--visualize": "feature-map pictures are not built in; python -m benchmarks.accuracy.module_stats --trained "
-                   "WEIGHTS prints the scale of each FFCA module's features instead",
     "--update": "not needed: checkpoints here are plain data that load with weights_only=True (convert an upstream "
                 "one with python convert_checkpoint.py SRC DST)",
 }
