@@ -270,3 +270,21 @@ def test_no_augmentation_hyp_switches_every_augmentation_off():
     hyp = yaml_load(ROOT / "data" / "hyps" / "hyp.no-augmentation.yaml")
     assert list(hyp) == HYP_KEYS + PROJECT_KEYS
     assert all(hyp[k] == 0 for k in AUGMENTATION_KEYS) and hyp["copy_paste_small"] == 0 and hyp["lr0"] == 0.01
+
+
+def test_the_python_api_finds_a_bare_data_yaml_name_as_the_command_line_does(tmp_path, monkeypatch):
+    """``val.run(data="toy.yaml")``: the repository's data/toy.yaml, from any folder (no data set generated)."""
+    import utils.options
+
+    make_root(tmp_path / "repo" / "datasets" / "toy")
+    yaml_file = write_yaml(tmp_path / "repo" / "data" / "toy.yaml", """
+        path: ../datasets/toy
+        train: images/train
+        val: images/val
+        names: [a]
+    """)
+    monkeypatch.setattr(utils.options, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    assert check_dataset("toy.yaml")["yaml_file"] == str(yaml_file.resolve())
+    with pytest.raises(UserError, match=r"^--data other\.yaml: file not found; nothing is downloaded"):
+        check_dataset("other.yaml")

@@ -14,6 +14,7 @@ from utils.dataset.synthetic.shapes import make_shapes
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.logging import LOGGER
+from utils.options import find_repo_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ("train", "val", "test")
@@ -127,7 +128,7 @@ def check_dataset(path) -> dict:
     if isinstance(path, dict):
         data, yaml_file = dict(path), Path(path.get("yaml_file") or Path.cwd() / "data.yaml")
     else:
-        yaml_file = Path(path).resolve()
+        yaml_file = Path(find_repo_file(path, "--data")).resolve()  # val.run(data="shapes.yaml") as the CLI does
         if yaml_file.suffix not in (".yaml", ".yml"):
             raise UserError(f"--data {path}: expected a data set .yaml file")
         if not yaml_file.is_file():
