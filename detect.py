@@ -268,7 +268,8 @@ def inference_model(weights, model, device):
 def visualized_layers(backend, slice_size: int) -> nn.Sequential:
     """The layers ``--visualize`` draws: those of one PyTorch checkpoint, run on whole frames."""
     if backend.kind != "pytorch":
-        raise UserError(f"--visualize needs a .pt checkpoint: an {backend.kind} model does not show its layers")
+        raise UserError(f"--visualize needs a .pt checkpoint: the layers of an exported model ({backend.kind}) "
+                        "are not visible")
     if not hasattr(backend.model, "model"):
         raise UserError("--visualize draws one model's layers: give one checkpoint, not an ensemble")
     if slice_size:

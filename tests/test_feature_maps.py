@@ -69,7 +69,7 @@ def test_detect_writes_each_images_maps_in_its_own_folder(tiny_pt, images, tmp_p
 @pytest.mark.slow
 def test_visualize_refuses_what_shows_no_layers_before_any_folder(tiny_pt, images, tmp_path):
     onnx_file = export.run(tiny_pt, imgsz=[64], include=["onnx"])[0]
-    cases = [(dict(weights=onnx_file), r"^--visualize needs a \.pt checkpoint: an onnx model does not show"),
+    cases = [(dict(weights=onnx_file), r"^--visualize needs a \.pt checkpoint: the layers of an exported model \(onnx\) are not"),
              (dict(weights=[tiny_pt, tiny_pt]), r"^--visualize draws one model's layers: give one checkpoint"),
              (dict(weights=tiny_pt, slice_size=64), r"^--visualize does not apply to --slice 64")]
     for kwargs, message in cases:
