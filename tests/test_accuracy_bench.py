@@ -125,8 +125,15 @@ def test_report_only_needs_the_matrix_folder_and_generates_nothing(capsys, tmp_p
     assert not (tmp_path / "typo").exists()
     (tmp_path / "m" / "runs").mkdir(parents=True)
     monkeypatch.setattr(matrix, "make_data", lambda *a, **k: pytest.fail("a report generated data"))
-    report = matrix.main(["--report-only", "--out", str(tmp_path / "m"), "--kinds", "glyphs", "--sizes", "64"])
+    partial = tmp_path / "m" / "runs" / "glyphs-64-s0-ffca-yolo-n"
+    partial.mkdir()
+    (partial / "results.csv").write_text("epoch,metrics/mAP_0.5\n0,0.0\n1,0.0\n")
+    report = matrix.main(["--report-only", "--out", str(tmp_path / "m"), "--kinds", "glyphs", "--sizes", "64",
+                          "--seeds", "0", "--epochs", "5"])
     assert report.startswith("| kind |") and not (tmp_path / "m" / "data").exists()
+    assert report.splitlines()[-3:] == ["not finished: glyphs-64-s0-yolov5n, 0 of 5 epochs logged",
+                                        "not finished: glyphs-64-s0-yolov5n-p2, 0 of 5 epochs logged",
+                                        "not finished: glyphs-64-s0-ffca-yolo-n, 2 of 5 epochs logged"]
 
 
 def test_reruns_with_other_training_seeds_get_their_own_runs_and_verdicts():

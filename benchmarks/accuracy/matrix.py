@@ -20,7 +20,8 @@ condition (no later than yolov5n + 2 where yolov5n starts).
 
 With ``--out DIR`` finished runs are kept and reused, and a run interrupted midway continues from its
 ``last.pt`` (train.py's ``--resume``, bit-identical to an uninterrupted run): the same command continues an
-interrupted matrix, and ``--report-only`` prints the table of the runs finished so far without training.
+interrupted matrix, and ``--report-only`` prints the table of the runs finished so far without training, then one line
+per run not finished (the epochs it has logged).
 
 Runs go to separate processes with one thread each (``--jobs`` at a time): on a 2-core machine
 two one-thread runs finish sooner than one two-thread run. Accuracy columns do not depend on
@@ -209,6 +210,13 @@ def resumable_epochs(job: dict, last: Path) -> int | None:
     return ckpt["epoch"] + 1 if unfinished(ckpt) and began == wanted else None
 
 
+def progress_line(job: dict) -> str:
+    """A run of the matrix that has not finished: its folder name and the epochs its results.csv holds."""
+    csv_path = Path(job["out"]) / "runs" / run_name(job) / "results.csv"
+    logged = len(results_rows(csv_path)) if csv_path.exists() else 0
+    return f"not finished: {run_name(job)}, {logged} of {job['opt']['epochs']} epochs logged"
+
+
 def format_table(rows: list[dict]) -> str:
     """Markdown table, one row per (cell, model)."""
     head = ["kind", "size", "seed", "model", "mAP50", "mAP50-95", *(f"AP50-95 {v} px" for v in BANDS.values()),
@@ -357,11 +365,14 @@ def main(argv=None) -> str:
         out = (opt.out or Path(tmp)).resolve()
         jobs = jobs_for(opt, out)
         if opt.report_only:
-            rows = [row for row in map(finished_row, jobs) if row is not None]
+            found = [(job, finished_row(job)) for job in jobs]
+            rows = [row for _, row in found if row is not None]
+            pending = [progress_line(job) for job, row in found if row is None]
         else:
-            rows = map_in_workers(train_one, jobs, opt.jobs)
+            rows, pending = map_in_workers(train_one, jobs, opt.jobs), []
     spread = spread_verdicts(rows)
-    report = "\n".join([format_table(rows), "", *target_verdicts(rows), *([""] + spread if spread else [])])
+    report = "\n".join([format_table(rows), "", *target_verdicts(rows), *([""] + spread if spread else []),
+                        *([""] + pending if pending else [])])
     print(f"\npython -m benchmarks.accuracy.matrix --epochs {opt.epochs} --batch-size {opt.batch_size} "
           f"--n-train {opt.n_train} --n-val {opt.n_val} --kinds {' '.join(opt.kinds)} "
           f"--sizes {' '.join(map(str, opt.sizes))} --seeds {' '.join(map(str, opt.seeds))}"
