@@ -111,3 +111,25 @@ def test_size_per_call_letterboxes_as_a_detector_of_that_size_would(tiny_pt, ima
 def test_a_bad_size_is_one_user_error_line(tiny_pt, image_path, size):
     with pytest.raises(UserError, match=r"^Detector: size=.*: give a positive int or \(height, width\)$"):
         Detector(tiny_pt, **OPTIONS)(image_path, size=size)
+
+
+def test_hub_model_names_build_untrained_models_as_yolov5_pretrained_false():
+    import hubconf
+
+    model = hubconf.ffca_yolo_n(pretrained=False, classes=3)
+    assert model.nc == 3 and model.model[-1].no == 3 + 5 and model.training
+    reference = yaml_model("ffca-yolo-n", 3)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+    assert hubconf.yolov5n(pretrained=False, classes=1, channels=1).model[0].conv.in_channels == 1
+    with pytest.raises(UserError, match=r"^yolov5s: no pretrained weights are downloaded here; pass pretrained=False"):
+        hubconf.yolov5s()
+    # torch.hub.list's rule: every public callable of hubconf.py is an entry point
+    names = {n for n in dir(hubconf) if callable(getattr(hubconf, n)) and not n.startswith("_")}
+    assert names == {"custom", "yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x", "ffca_yolo", "ffca_yolo_n",
+                     "l_ffca_yolo"}
+
+
+def yaml_model(name: str, nc: int):
+    from models.yolo import Model
+
+    return Model(ROOT / "models" / f"{name}.yaml", nc=nc)
