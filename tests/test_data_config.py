@@ -288,3 +288,18 @@ def test_the_python_api_finds_a_bare_data_yaml_name_as_the_command_line_does(tmp
     assert check_dataset("toy.yaml")["yaml_file"] == str(yaml_file.resolve())
     with pytest.raises(UserError, match=r"^--data other\.yaml: file not found; nothing is downloaded"):
         check_dataset("other.yaml")
+
+
+@pytest.mark.parametrize("name", ["VisDrone.yaml", "AI-TOD.yaml", "VEDAI.yaml", "DOTA.yaml"])
+def test_a_shipped_yaml_whose_data_is_missing_says_to_convert_it(name, tmp_path, monkeypatch):
+    """The repository's data/*.yaml point at data sets the user converts; the error says so, not 'create the folder'."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(data_config, "REPO_ROOT", tmp_path)  # no converted data beside a test repository
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / name).write_text((ROOT / "data" / name).read_text())
+    with pytest.raises(UserError, match=r"does not exist \(root 'path' resolved to .*\); get and convert the data set "
+                                        r"as the YAML's header says \(docs/datasets\.md\)"):
+        check_dataset(tmp_path / "data" / name)
+    other = write_yaml(tmp_path / "mine" / name, (ROOT / "data" / name).read_text())
+    with pytest.raises(UserError, match=r"; fix the YAML or create the folder$"):
+        check_dataset(other)

@@ -2,9 +2,10 @@
 
 Schema: ``path`` (root), ``train``, ``val``, optional ``test`` (each a folder of images, a ``.txt``
 list of image paths, or a list of these, relative to the root unless absolute), ``names`` (a list
-or an ``{id: name}`` mapping), optional ``nc`` (alone, it names the classes class0, class1, ... as YOLOv5 does). A relative ``path`` resolves against the YAML's own
-folder first, then the working directory, then the repository's root (YOLOv5's rule). ``generate: shapes`` builds this project's synthetic data
-set when it is missing; a ``download:`` key is never executed.
+or an ``{id: name}`` mapping), optional ``nc`` (alone, it names the classes class0, class1, ... as
+YOLOv5 does). A relative ``path`` resolves against the YAML's own folder first, then the working
+directory, then the repository's root (YOLOv5's rule). ``generate: shapes`` builds this project's
+synthetic data set when it is missing; a ``download:`` key is never executed.
 """
 
 import numbers
@@ -133,10 +134,11 @@ def check_dataset(path) -> dict:
             raise UserError(f"--data {path}: expected a data set .yaml file")
         if not yaml_file.is_file():
             raise UserError(f"--data {path}: file not found; nothing is downloaded here (YOLOv5 fetches coco128 and "
-                            "others): give your data set's YAML (docs/data.md), or data/shapes.yaml for the embedded set")
+                            "others): give your data set's YAML (docs/data.md), or data/shapes.yaml for the "
+                            "embedded set")
         data = yaml_load(yaml_file)
     nc = _parse_nc(data.get("nc"), yaml_file)
-    if data.get("names") in (None, "") and nc is not None and nc > 0:  # YOLOv5's default names for a YAML that gives only nc
+    if data.get("names") in (None, "") and nc is not None and nc > 0:  # YOLOv5 names the classes of an nc-only YAML
         data["names"] = [f"class{i}" for i in range(nc)]
         LOGGER.info(f"{yaml_file}: no 'names', so the {nc} classes are named class0..class{nc - 1}")
     for key in ("train", "val", "names"):
@@ -164,6 +166,8 @@ def check_dataset(path) -> dict:
         if data.get("download"):
             raise UserError(f"{yaml_file}: '{key}' path {p} not found; this YAML has a 'download:' entry, which is "
                             f"never run automatically: download the data set yourself into {root}")
-        raise UserError(f"{yaml_file}: '{key}' path {p} does not exist (root 'path' resolved to {root}); "
-                        f"fix the YAML or create the folder")
+        shipped = yaml_file.parent == REPO_ROOT / "data"  # VisDrone.yaml, AI-TOD.yaml, ...: data sets to convert
+        what_to_do = ("get and convert the data set as the YAML's header says (docs/datasets.md), then set 'path' "
+                      "to the converter's --out folder" if shipped else "fix the YAML or create the folder")
+        raise UserError(f"{yaml_file}: '{key}' path {p} does not exist (root 'path' resolved to {root}); {what_to_do}")
     return data
