@@ -78,7 +78,7 @@ def test_detect_images_sharing_a_stem_get_their_own_label_files(tiny_model, tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, reason", [("full_disk", "No space left"), ("read_only", "Read-only")])
-@pytest.mark.parametrize("outputs", [["--save-txt", "--nosave"], []])
+@pytest.mark.parametrize("outputs", [["--save-txt", "--nosave"], ["--visualize", "--nosave"], []])
 @pytest.mark.parametrize("where", ["project", "run folder"])
 def test_detect_write_faults(request, tiny_cfg, tmp_path, capsys, monkeypatch, fault, reason, outputs, where):
     """The fault hits creating the run folder, or (folder already there) writing labels or images."""
