@@ -37,7 +37,7 @@ from utils.feature_maps import recorded_layer_outputs, save_feature_maps  # noqa
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
 from utils.options import (DETECT_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
-                           check_options)
+                           check_options, find_repo_file)
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
 from utils.out_of_memory import DETECT_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
@@ -108,7 +108,7 @@ def class_names(model, data):
     """Names from ``--data`` (when given, and its count must match the model) or from the checkpoint."""
     names = list(model.names)
     if data:
-        data_names = yaml_load(data).get("names")
+        data_names = yaml_load(find_repo_file(data, "--data")).get("names")  # a bare name: data/NAME, as YOLOv5
         data_names = list(data_names.values()) if isinstance(data_names, dict) else data_names
         if not isinstance(data_names, list) or len(data_names) != len(names):
             raise UserError(f"--data {data}: 'names' must list {len(names)} class names to match the weights")
@@ -415,7 +415,7 @@ def report(dt, seen, shape, save_dir, n_labels, nosave):
 
 
 DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness"),
-                           non_negative=("batch_size",), repo_yamls=("data",))
+                           non_negative=("batch_size",))
 
 
 def parse_opt(argv=None):

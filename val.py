@@ -376,8 +376,7 @@ def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
 
 # ------------------------------------------------------------------------------- command line
 
-VAL_RULES = OptionRules(positive=("batch_size", "imgsz", "max_det"), non_negative=("workers",),
-                        repo_yamls=("data",))
+VAL_RULES = OptionRules(positive=("batch_size", "imgsz", "max_det"), non_negative=("workers",))
 
 
 def parse_opt(argv=None):

@@ -133,3 +133,17 @@ def yaml_model(name: str, nc: int):
     from models.yolo import Model
 
     return Model(ROOT / "models" / f"{name}.yaml", nc=nc)
+
+
+def test_detect_finds_a_bare_data_yaml_name_for_class_names(tiny_pt, tmp_path, monkeypatch):
+    """``detect.py --data toy.yaml`` from any folder reads the repository's data/toy.yaml, as YOLOv5."""
+    import utils.options
+
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    (tmp_path / "repo" / "data" / "toy.yaml").write_text("names: [a, b, c, d]\n")
+    monkeypatch.setattr(utils.options, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    backend = detect.load_backend(tiny_pt)
+    assert detect.class_names(backend, "toy.yaml") == ["a", "b", "c", "d"] != backend.names
+    with pytest.raises(UserError, match=r"^absent\.yaml: file not found$"):
+        detect.class_names(backend, "absent.yaml")
