@@ -45,7 +45,9 @@ from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
 from utils.dataset.sources import LoadImages, Webcam  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
-CSV_HEADER = ["image", "frame", "class", "name", "confidence", "x1", "y1", "x2", "y2"]
+# YOLOv5's --save-csv columns ("Image Name", "Prediction", "Confidence"), so scripts that read its file read this
+# one, then the frame, the class index and the box (xyxy, original pixels)
+CSV_HEADER = ["Image Name", "Prediction", "Confidence", "frame", "class", "x1", "y1", "x2", "y2"]
 
 
 class VideoSink:
@@ -402,7 +404,7 @@ def append_csv(file, path, frame, det, names):
         if new:
             writer.writerow(CSV_HEADER)
         for *xyxy, conf, cls in det.tolist():
-            writer.writerow([Path(path).name, frame, int(cls), names[int(cls)], f"{conf:.4f}",
+            writer.writerow([Path(path).name, names[int(cls)], f"{conf:.4f}", frame, int(cls),
                              *(f"{v:.1f}" for v in xyxy)])
 
 

@@ -277,7 +277,7 @@ def test_val_refuses_an_imgsz_larger_than_a_static_export_before_making_a_folder
 def read_csv_boxes(run_dir):
     with open(run_dir / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
-    return sorted((r["image"], int(r["class"]), *(float(r[k]) for k in ("x1", "y1", "x2", "y2"))) for r in rows)
+    return sorted((r["Image Name"], int(r["class"]), *(float(r[k]) for k in ("x1", "y1", "x2", "y2"))) for r in rows)
 
 
 @pytest.mark.slow

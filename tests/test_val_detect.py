@@ -246,8 +246,10 @@ def test_detect_end_to_end_images_and_video(trained, tmp_path):
     assert len(lines) == 8 * 3, "max-det 3 on confident predictions gives 3 per frame"
     with open(out / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 24 and set(rows[0]) == set(detect.CSV_HEADER)
-    assert {r["name"] for r in rows} <= set(NAMES)
+    assert len(rows) == 24 and list(rows[0]) == detect.CSV_HEADER
+    assert list(rows[0])[:3] == ["Image Name", "Prediction", "Confidence"]  # YOLOv5's columns, first
+    assert all(NAMES[int(r["class"])] == r["Prediction"] for r in rows)
+    assert all(0 < float(r["Confidence"]) <= 1 for r in rows)
     assert len(list((out / "crops").rglob("*.jpg"))) == 24
 
 
