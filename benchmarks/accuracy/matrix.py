@@ -162,12 +162,13 @@ def train_one(job: dict) -> dict:
     torch.set_num_threads(1)
     out, opt = Path(job["out"]), job["opt"]
     run_dir = out / "runs" / run_name(job)
+    last = run_dir / "weights" / "last.pt"
     # another matrix on this --out may be training it: deleting its folder would not stop that run, only its lock
     check_run_folder_free(run_dir, f"--out {out}")
-    epochs_done = resumable_epochs(job, run_dir / "weights" / "last.pt")
+    epochs_done = resumable_epochs(job, last)
     t0 = time.perf_counter()
     if epochs_done is not None:
-        results = train.run(resume=str(run_dir / "weights" / "last.pt"))
+        results = train.run(resume=str(last))
     else:
         shutil.rmtree(run_dir, ignore_errors=True)
         results = train.run(data=job["data"], cfg=job["cfg"], weights="", imgsz=job["size"], epochs=opt["epochs"],
@@ -175,7 +176,7 @@ def train_one(job: dict) -> dict:
                             name=run_name(job), exist_ok=True, noplots=True, hyp=opt["hyp"])
     seconds = time.perf_counter() - t0
     row = {**row_keys(job), "map50": results[2], "map": results[3],
-           "bands": size_band_ap(run_dir / "weights" / "last.pt", Path(job["data"]), job["size"], out),
+           "bands": size_band_ap(last, Path(job["data"]), job["size"], out),
            **read_curve(run_dir / "results.csv"), "s_per_epoch": seconds / (opt["epochs"] - (epochs_done or 0))}
     (run_dir / "row.json").write_text(json.dumps(row))
     return row

@@ -15,9 +15,8 @@ from utils.dataset.synthetic.shapes import make_shapes
 from utils.errors import UserError
 from utils.files import yaml_load
 from utils.logging import LOGGER
-from utils.options import find_repo_file
+from utils.options import REPO_ROOT, find_repo_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ("train", "val", "test")
 # generators this project ships, by the name a YAML's ``generate:`` key uses; each is called with the root folder
 GENERATORS = {"shapes": make_shapes}
