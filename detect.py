@@ -38,7 +38,7 @@ from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
 from utils.options import (DETECT_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
                            check_options, find_repo_file)
-from utils.ops import check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
+from utils.ops import check_class_filter, check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
 from utils.out_of_memory import DETECT_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
@@ -306,6 +306,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     if half:
         model.half()
     names = class_names(model, data)
+    if classes is not None:
+        check_class_filter(classes, len(names))  # before the run folder is made
     batch_size = batch_size or auto_batch_size(device, imgsz)
     dataset = open_source(source, imgsz, stride, vid_stride)
     make_run_folder(save_dir / "labels" if save_txt else save_dir)

@@ -83,6 +83,15 @@ def test_options_set_as_attributes_apply_to_later_calls_as_in_yolov5_hub(tiny_pt
     assert len(detector(image_path, conf=OPTIONS["conf"])) == 3  # a call's own option still wins
 
 
+def test_a_class_filter_outside_the_models_classes_is_a_user_error(tiny_pt, image_path):
+    detector = Detector(tiny_pt, **OPTIONS)
+    nc = len(detector.names)
+    with pytest.raises(UserError, match=rf"^--classes {nc}: the model has {nc} classes; give class indices from 0"):
+        detector(image_path, classes=[nc])
+    detector.classes = 0  # one index, as YOLOv5's hub model takes it
+    assert set(detector(image_path).classes.tolist()) <= {0}
+
+
 def test_unknown_option_is_a_user_error(tiny_pt, image_path):
     with pytest.raises(UserError, match="unknown option"):
         Detector(tiny_pt, **OPTIONS)(image_path, confidence=0.5)

@@ -154,6 +154,23 @@ def test_nms_rejects_bad_thresholds(kwargs, flag):
         non_max_suppression(torch.zeros((1, 3, 7)), **kwargs)
 
 
+@pytest.mark.parametrize("classes, shown", [([2], "--classes 2"), ([0, -1], "--classes 0 -1"), (["cat"], "--classes cat"),
+                                             ([0.5], "--classes 0.5"), ([True], "--classes True"), ([], "(none)"),
+                                             (5, "--classes 5")])
+def test_nms_rejects_a_class_filter_the_model_cannot_match(classes, shown):
+    """A class index outside 0..nc-1 (or not an index) would silently keep nothing: one line instead."""
+    pred = _prediction([(50, 50, 20, 20, 0.9, 1, 1.0)], nc=2)
+    with pytest.raises(UserError) as err:
+        non_max_suppression(pred, conf_thres=0.25, classes=classes)
+    assert shown in str(err.value) and "the model has 2 classes" in str(err.value) and "0 to 1" in str(err.value)
+
+
+def test_nms_class_filter_takes_one_index_numpy_indices_and_a_tuple():
+    pred = _prediction([(50, 50, 20, 20, 0.9, 1, 1.0), (150, 50, 20, 20, 0.8, 0, 1.0)], nc=2)
+    for classes in (1, np.int64(1), (1,), np.array([1])):
+        assert non_max_suppression(pred, conf_thres=0.25, classes=classes)[0][:, 5].tolist() == [1.0]
+
+
 @pytest.mark.parametrize("seed, bs, n, nc, kwargs", [
     (0, 4, 3000, 3, {"conf_thres": 0.001, "iou_thres": 0.6, "multi_label": True}),   # val.py's settings
     (1, 3, 2000, 1, {"conf_thres": 0.25, "iou_thres": 0.45}),                       # detect.py's settings

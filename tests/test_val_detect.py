@@ -393,6 +393,7 @@ def test_pytorch_backend_runs_channels_last_with_the_same_predictions(trained):
     (["--source", "screen"], "--source screen: screen capture is not supported"),
     (["--source", "{media}", "--data", "{bad_data}"], "must list 4 class names"),
     (["--source", "{media}", "--batch-size", "-1"], "--batch-size -1"),
+    (["--source", "{media}", "--classes", "0", "7"], "--classes 0 7: the model has 4 classes; give class indices from 0 to 3"),
 ])
 def test_detect_user_errors_exit_with_one_line(trained, tmp_path, capsys, args, message):
     _, weights = trained
@@ -405,6 +406,7 @@ def test_detect_user_errors_exit_with_one_line(trained, tmp_path, capsys, args, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ERROR:") and message in err[0]
+    assert not any(tmp_path.glob("exp*")), "a refused command line leaves no run folder"
 
 
 def test_val_cli_corrupt_weights_is_a_clear_error(shapes_data, tmp_path, capsys):

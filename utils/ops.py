@@ -129,6 +129,16 @@ def _check_thresholds(conf_thres, iou_thres, max_det):
         raise UserError(f"--max-det {max_det}: must be a positive integer")
 
 
+def check_class_filter(classes, nc: int):
+    """``--classes`` (or the Detector's ``classes``) must name the model's classes, by index: a filter on a class
+    the model does not have would silently keep nothing."""
+    wanted = [classes] if isinstance(classes, (int, np.integer)) else list(classes)
+    bad = [c for c in wanted if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < nc]
+    if bad or not wanted:
+        raise UserError(f"--classes {' '.join(map(str, wanted)) or '(none)'}: the model has {nc} classes; "
+                        f"give class indices from 0 to {nc - 1}, or leave --classes out to keep all")
+
+
 def _forced_rows(labels, bs, nc, like):
     """Per-image ``labels`` (n, 5) [cls, x, y, w, h] -> (rows (m, 5 + nc), image index (m,)) of certain predictions."""
     rows, images = [], []
@@ -215,6 +225,8 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
     if isinstance(prediction, (list, tuple)):
         prediction = prediction[0]
     bs, nc = prediction.shape[0], prediction.shape[2] - 5
+    if classes is not None:
+        check_class_filter(classes, nc)
     multi_label &= nc > 1
     device = prediction.device
     if device.type == "mps":  # torchvision NMS is not fully supported on MPS
