@@ -48,7 +48,16 @@ def test_empty_request_uses_cuda_when_available():
     assert select_device("").type == expected
 
 
-@pytest.mark.parametrize("bad", ["gpu", "0,0", "-1", "1.5", "0;1"])
+def test_torch_spelling_cuda_is_the_default_gpu_and_needs_cuda(two_gpu_driver, monkeypatch):
+    """``device='cuda'`` (torch.device's spelling, common in Python code) picks GPU 0 and exports no mask."""
+    assert select_device("cuda") == select_device(torch.device("cuda")) == torch.device("cuda", 0)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="^--device 'cuda': CUDA is not available on this machine.*; use --device cpu$"):
+        select_device("cuda")
+
+
+@pytest.mark.parametrize("bad", ["gpu", "0,0", "-1", "1.5", "0;1", "cuda:x"])
 def test_malformed_device_is_user_error(bad, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(UserError, match="--device"):

@@ -80,7 +80,7 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     """Turn a ``--device`` value into a ``torch.device`` (YOLOv5 semantics).
 
     ``'cpu'`` -> CPU; ``'0'`` or ``'0,1'`` -> those CUDA devices; ``''`` -> ``cuda:0`` when CUDA is
-    available, else CPU. Under DDP (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th
+    available, else CPU; ``'cuda'`` (torch's own spelling) -> as ``''``, but CUDA is required. Under DDP (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th
     listed GPU. When CUDA is not yet initialised, an explicit GPU list is exported as
     ``CUDA_VISIBLE_DEVICES`` before the first CUDA call (so child processes and DDP ranks see the
     same GPUs) and indices are renumbered from 0; the indices count within a mask the process was
@@ -92,7 +92,8 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     global _exported_mask
     request = _parse_device_request(device)
     header = f"Python-{sys.version.split()[0]} torch-{torch.__version__} "
-    exported = request not in ("", "cpu", "mps") and not torch.cuda.is_initialized()
+    default_gpu = request in ("", "cuda")
+    exported = not default_gpu and request not in ("cpu", "mps") and not torch.cuda.is_initialized()
     if exported:
         # The driver reads the variable once, at its first call, and torch.cuda.is_available() below is such a
         # call: exporting after it would leave the renumbered cuda:0 pointing at physical GPU 0.
@@ -110,7 +111,7 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
         which = f" for device(s) {request}; choose among the indices nvidia-smi -L lists, or" if exported else ";"
         raise UserError(f"--device {device!r}: CUDA is not available on this machine (torch {torch.__version__})"
                         f"{which} use --device cpu")
-    ids = list(range(len(physical))) if exported else (_cuda_ids(request) if request else [0])
+    ids = list(range(len(physical))) if exported else ([0] if default_gpu else _cuda_ids(request))
     available = torch.cuda.device_count()
     if exported and available < len(ids):
         raise UserError(f"--device {device!r}: only {available} of CUDA device(s) {request} exist on this machine; "
