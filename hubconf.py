@@ -36,6 +36,9 @@ def _untrained_model(yaml_name: str):
         if pretrained:
             raise UserError(f"{entry.__name__}: no pretrained weights are downloaded here; pass pretrained=False "
                             "for an untrained model, or load your own checkpoint with custom(path='best.pt')")
+        for name, value in (("classes", classes), ("channels", channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{entry.__name__}: {name}={value!r}: give a positive int")
         return Model(os.path.join(_MODELS, f"{yaml_name}.yaml"), ch=channels, nc=classes).to(select_device(device))
 
     entry.__name__ = entry.__qualname__ = yaml_name.replace("-", "_")

@@ -132,6 +132,10 @@ def test_hub_model_names_build_untrained_models_as_yolov5_pretrained_false():
     assert hubconf.yolov5n(pretrained=False, classes=1, channels=1).model[0].conv.in_channels == 1
     with pytest.raises(UserError, match=r"^yolov5s: no pretrained weights are downloaded here; pass pretrained=False"):
         hubconf.yolov5s()
+    for bad in ({"classes": 0}, {"classes": "5"}, {"channels": -1}, {"classes": True}):
+        (name, value), = bad.items()
+        with pytest.raises(UserError, match=rf"^ffca_yolo_n: {name}={value!r}: give a positive int$"):
+            hubconf.ffca_yolo_n(pretrained=False, **bad)
     # torch.hub.list's rule: every public callable of hubconf.py is an entry point
     names = {n for n in dir(hubconf) if callable(getattr(hubconf, n)) and not n.startswith("_")}
     assert names == {"custom", "yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x", "ffca_yolo", "ffca_yolo_n",
