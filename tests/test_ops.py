@@ -148,7 +148,10 @@ def test_nms_result_does_not_depend_on_the_clock(monkeypatch, warnings_logged):
 
 
 @pytest.mark.parametrize("kwargs, flag", [({"conf_thres": 1.5}, "--conf-thres"), ({"iou_thres": -0.1}, "--iou-thres"),
-                                          ({"max_det": 0}, "--max-det")])
+                                          ({"max_det": 0}, "--max-det"), ({"conf_thres": "0.5"}, "--conf-thres '0.5'"),
+                                          ({"iou_thres": None}, "--iou-thres None"),
+                                          ({"conf_thres": float("nan")}, "--conf-thres nan"),
+                                          ({"max_det": 2.5}, "--max-det 2.5"), ({"max_det": True}, "--max-det True")])
 def test_nms_rejects_bad_thresholds(kwargs, flag):
     with pytest.raises(UserError, match=flag):
         non_max_suppression(torch.zeros((1, 3, 7)), **kwargs)

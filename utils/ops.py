@@ -121,12 +121,13 @@ def scale_boxes(img1_shape, boxes, img0_shape, ratio_pad=None):
 
 
 def _check_thresholds(conf_thres, iou_thres, max_det):
-    if not 0 <= conf_thres <= 1:
-        raise UserError(f"--conf-thres {conf_thres}: must be between 0.0 and 1.0")
-    if not 0 <= iou_thres <= 1:
-        raise UserError(f"--iou-thres {iou_thres}: must be between 0.0 and 1.0")
-    if max_det < 1:
-        raise UserError(f"--max-det {max_det}: must be a positive integer")
+    """The same limits whether the values come from a command line (already numbers) or from Python code
+    (the Detector's ``conf="0.5"`` would otherwise end in a TypeError deep inside NMS)."""
+    for flag, value in (("--conf-thres", conf_thres), ("--iou-thres", iou_thres)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 <= value <= 1:
+            raise UserError(f"{flag} {value!r}: must be a number between 0.0 and 1.0")
+    if isinstance(max_det, bool) or not isinstance(max_det, (int, np.integer)) or max_det < 1:
+        raise UserError(f"--max-det {max_det!r}: must be a positive integer")
 
 
 def check_class_filter(classes, nc: int):
