@@ -75,6 +75,14 @@ def _option(name: str) -> property:
                     doc=f"the default ``{name}`` of later calls")
 
 
+def _size_pair(size, argument: str) -> list:
+    """``[h, w]`` from an int or a ``(h, w)`` pair of positive ints; anything else is one UserError line."""
+    wanted = list(size) if isinstance(size, (list, tuple)) else [size] * 2
+    if len(wanted) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in wanted):
+        raise UserError(f"Detector: {argument}={size!r}: give a positive int or (height, width)")
+    return wanted
+
+
 class Detector:
     """Load weights once (.pt, .onnx, .torchscript, *_openvino_model), then call on images; see the module docstring.
 
@@ -87,13 +95,13 @@ class Detector:
 
     def __init__(self, weights, device="", imgsz=640, conf=0.25, iou=0.45, max_det=1000, classes=None,
                  agnostic=False, half=False):
+        size = _size_pair(imgsz, "imgsz")  # before the weights load: a typo costs no model load
         self.device = select_device(device)
         self.model = load_backend(weights, device=self.device, fuse=True).eval()
         self.half = bool(half) and self.device.type == "cuda"
         if self.half:
             self.model.half()
         self.stride = int(self.model.stride.max())
-        size = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz)
         fixed = self.model.fixed_shape
         self.imgsz = list(fixed[1:]) if fixed else check_img_size(size, stride=self.stride)
         self.names = self.model.names
@@ -104,9 +112,7 @@ class Detector:
         rounded up to the stride) or the Detector's ``imgsz``. A static export takes only its own size."""
         if size is None:
             return self.imgsz
-        wanted = list(size) if isinstance(size, (list, tuple)) else [size] * 2
-        if len(wanted) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in wanted):
-            raise UserError(f"Detector: size={size!r}: give a positive int or (height, width)")
+        wanted = _size_pair(size, "size")
         if self.model.fixed_shape is not None:
             if wanted != self.imgsz:
                 raise UserError(f"Detector: size={size!r}: this exported model's input is fixed at {self.imgsz}; "

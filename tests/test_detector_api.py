@@ -120,6 +120,8 @@ def test_size_per_call_letterboxes_as_a_detector_of_that_size_would(tiny_pt, ima
 def test_a_bad_size_is_one_user_error_line(tiny_pt, image_path, size):
     with pytest.raises(UserError, match=r"^Detector: size=.*: give a positive int or \(height, width\)$"):
         Detector(tiny_pt, **OPTIONS)(image_path, size=size)
+    with pytest.raises(UserError, match=r"^Detector: imgsz=.*: give a positive int or \(height, width\)$"):
+        Detector(tiny_pt, **{**OPTIONS, "imgsz": size})
 
 
 def test_hub_model_names_build_untrained_models_as_yolov5_pretrained_false():
