@@ -574,11 +574,9 @@ def main(opt, argv=None):
 
 
 def run(**kwargs):
-    """Python API: ``train.run(data='data/shapes.yaml', cfg='models/ffca-yolo-n.yaml', imgsz=256)``."""
-    opt = parse_opt([])
-    for key, value in kwargs.items():
-        setattr(opt, key, value)
-    return main(opt, argv=[])
+    """Python API: ``train.run(data='data/shapes.yaml', cfg='models/ffca-yolo-n.yaml', imgsz=256)``; the keywords
+    are the flags' names (see OneLineErrorParser.parse_keywords)."""
+    return main(build_parser().parse_keywords(kwargs, "train.run"), argv=[])
 
 
 @exit_on_user_error

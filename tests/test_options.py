@@ -206,3 +206,22 @@ def test_the_model_printer_finds_a_bare_cfg_name_too(tmp_path, monkeypatch, log_
     monkeypatch.chdir(tmp_path)
     yolo_main(["--cfg", "yolov5n.yaml", "--imgsz", "64"])
     assert any(line.startswith("yolov5n summary:") for line in log_lines)
+
+
+def test_train_run_keywords_are_the_flags_by_any_spelling():
+    parser = train.build_parser()
+    opt = parser.parse_keywords({"img": 96, "batch_size": 4, "cos_lr": True, "data": "x.yaml"}, "train.run")
+    assert (opt.imgsz, opt.batch_size, opt.cos_lr, opt.data) == (96, 4, True, "x.yaml")
+    assert opt.epochs == parser.parse_args([]).epochs, "what was not given keeps its default"
+
+
+@pytest.mark.parametrize("keywords, message", [
+    ({"epoch": 3}, r"^train\.run: epoch=: no such option; see python train\.py --help"),
+    ({"img_size": 64, "imgsz": 64}, r"^train\.run: img_size= and imgsz= set the same option; pass one$"),
+    ({"bucket": "gs://b"}, r"^train\.run: bucket=: a YOLOv5 option that python train\.py does not carry: cloud storage"),
+    ({"upload_dataset": True}, r"^train\.run: upload_dataset=: a YOLOv5 option .*Weights & Biases"),
+])
+def test_train_run_refuses_a_keyword_it_would_otherwise_ignore(keywords, message, tmp_path):
+    with pytest.raises(UserError, match=message):
+        train.run(project=str(tmp_path), **keywords)
+    assert not any(tmp_path.iterdir()), "nothing is made"

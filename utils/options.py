@@ -31,6 +31,27 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message):
         raise UserError(self.upstream_advice(message) or f"{message}; see {self.prog} --help")
 
+    def parse_keywords(self, keywords: dict, caller: str) -> argparse.Namespace:
+        """The Python API's options (``train.run(img=320, batch_size=8)``): the flags' defaults, with ``keywords``
+        set as given (not parsed from text). A keyword is any spelling of a flag with ``_`` for ``-`` (``img``,
+        ``img_size``, ``imgsz``). An unknown keyword, or two spellings of one flag, is one UserError line: a typo
+        would otherwise be ignored and the run trained with the default."""
+        spellings = {s.lstrip("-").replace("-", "_"): a.dest for a in self._actions for s in a.option_strings
+                     if a.dest != "help"}
+        opt, seen = self.parse_args([]), {}
+        for key, value in keywords.items():
+            if key not in spellings:
+                advice = self.upstream_flags.get(f"--{key}") or self.upstream_flags.get(f"--{key.replace('_', '-')}")
+                raise UserError(f"{caller}: {key}=: " + (f"a YOLOv5 option that {self.prog} does not carry: {advice}"
+                                                        if advice else f"no such option; see {self.prog} --help "
+                                                        "(a flag's name with _ for -, such as batch_size)"))
+            dest = spellings[key]
+            if dest in seen:
+                raise UserError(f"{caller}: {seen[dest]}= and {key}= set the same option; pass one")
+            seen[dest] = key
+            setattr(opt, dest, value)
+        return opt
+
     def upstream_advice(self, message: str) -> str | None:
         if not message.startswith("unrecognized arguments:"):
             return None
