@@ -38,7 +38,8 @@ from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
 from utils.options import (DETECT_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
                            check_options, find_repo_file)
-from utils.ops import check_class_filter, check_img_size, non_max_suppression, scale_boxes, yolo_label_lines  # noqa: E402
+from utils.ops import (check_class_filter, check_img_size, non_max_suppression, scale_boxes, size_list,
+                       yolo_label_lines)  # noqa: E402
 from utils.out_of_memory import DETECT_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
@@ -300,8 +301,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     model, device = inference_model(weights, model, device)
     layers = visualized_layers(model, slice_size) if visualize else None
     stride = int(model.stride.max())
-    imgsz = [imgsz] * 2 if isinstance(imgsz, int) else list(imgsz) * (2 if len(imgsz) == 1 else 1)
-    imgsz = check_img_size(imgsz, stride=stride)
+    imgsz = size_list(imgsz)
+    imgsz = check_img_size(imgsz * 2 if len(imgsz) == 1 else imgsz, stride=stride)
     half &= device.type == "cuda"
     if half:
         model.half()

@@ -35,7 +35,7 @@ from models.experimental import attempt_load  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import atomic_write_bytes, replace_folder  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
-from utils.ops import check_img_size  # noqa: E402
+from utils.ops import check_img_size, is_image_size, size_list  # noqa: E402
 from utils.options import EXPORT_UPSTREAM_FLAGS, OneLineErrorParser  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
@@ -219,7 +219,7 @@ def check_options(opt, device):
         raise UserError(f"--include {opt.include}: choose from {list(FORMATS)}")
     if opt.batch_size < 1:
         raise UserError(f"--batch-size {opt.batch_size}: must be a positive integer")
-    if len(opt.imgsz) > 2 or min(opt.imgsz) < 1:
+    if not 1 <= len(opt.imgsz) <= 2 or not all(map(is_image_size, opt.imgsz)):
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
     if opt.half and "openvino" in opt.include:
         raise UserError("--half: OpenVINO export is fp32 only; drop --half or export openvino separately")
@@ -238,7 +238,8 @@ def check_options(opt, device):
 def run(weights, imgsz=(640,), batch_size=1, include=("torchscript",), dynamic=False, simplify=False, opset=17,
         half=False, device=""):
     """Export ``weights`` to each format in ``include``; returns the written paths."""
-    opt = argparse.Namespace(weights=weights, imgsz=list(imgsz), batch_size=batch_size, include=list(include),
+    include = [include] if isinstance(include, str) else list(include)  # "onnx" is one format, not four letters
+    opt = argparse.Namespace(weights=weights, imgsz=size_list(imgsz), batch_size=batch_size, include=include,
                              dynamic=dynamic, simplify=simplify, half=half, opset=opset)
     device = select_device(device)
     imgsz = check_options(opt, device)

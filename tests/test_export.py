@@ -139,6 +139,16 @@ def test_bad_flags_exit_2_with_one_line(tiny_pt, capsys, args, message):
     assert e.value.code == 2 and err.startswith("ERROR: ") and message in err and "\n" not in err
 
 
+def test_python_run_takes_an_int_size_and_one_format_name(tiny_pt, tmp_path):
+    pt = tmp_path / "tiny.pt"
+    pt.write_bytes(tiny_pt.read_bytes())
+    (path,) = export.run(pt, imgsz=64, include="torchscript")
+    assert path.name == "tiny.torchscript" and load_backend(path).fixed_shape[1:] == (64, 64)
+    for bad in ("64", 0, (64, 64, 64)):
+        with pytest.raises(UserError, match=r"^--imgsz .*(give one size|positive integer)"):
+            export.run(pt, imgsz=bad, include="torchscript")
+
+
 def test_unknown_weights_format_and_missing_file(tmp_path):
     with pytest.raises(UserError, match="unknown weights format"):
         load_backend(tmp_path / "model.tflite")

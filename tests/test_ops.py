@@ -66,8 +66,14 @@ def test_make_divisible_and_check_img_size(warnings_logged):
     assert len(warnings_logged) == 1 and "100" in warnings_logged[0] and "128" in warnings_logged[0]
     assert check_img_size([100, 64], 32) == [128, 64]
     assert check_img_size(32, 32, floor=64) == 64
-    with pytest.raises(UserError, match="--imgsz"):
-        check_img_size("big", 32)
+    assert check_img_size(np.int64(64), 32) == 64 and check_img_size((64, np.int32(96)), 32) == [64, 96]
+
+
+@pytest.mark.parametrize("bad", ["big", "640", 0, -32, 64.0, True, [64, 0], ["64"], [], None])
+def test_check_img_size_refuses_what_is_not_a_positive_int_size(bad):
+    """From Python code a string was split into digits ("640" -> [32, 32, 0]) and 0 passed on to cv2."""
+    with pytest.raises(UserError, match=r"^--imgsz .*: expected a positive integer or a list of them$"):
+        check_img_size(bad, 32)
 
 
 def _prediction(rows, nc):

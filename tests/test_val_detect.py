@@ -409,6 +409,17 @@ def test_detect_user_errors_exit_with_one_line(trained, tmp_path, capsys, args, 
     assert not any(tmp_path.glob("exp*")), "a refused command line leaves no run folder"
 
 
+@pytest.mark.parametrize("imgsz", ["64", 0, 64.5])
+def test_python_run_refuses_an_image_size_that_is_not_a_positive_int(trained, shapes_data, tmp_path, imgsz):
+    """From Python, detect.run(imgsz="64") used to letterbox to 32 px (the string split into digits)."""
+    _, weights = trained
+    with pytest.raises(UserError, match=r"^--imgsz .*: expected a positive integer or a list of them$"):
+        detect.run(weights, str(shapes_data.parent), imgsz=imgsz, device="cpu", project=tmp_path)
+    with pytest.raises(UserError, match=r"^--imgsz .*: expected a positive integer or a list of them$"):
+        val.run(str(shapes_data), weights=weights, imgsz=imgsz, device="cpu", project=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
 def test_val_cli_corrupt_weights_is_a_clear_error(shapes_data, tmp_path, capsys):
     corrupt = tmp_path / "broken.pt"
     corrupt.write_bytes(b"\x00" * 64)

@@ -24,17 +24,28 @@ def make_divisible(x, divisor) -> int:
     return int(math.ceil(x / divisor) * divisor)
 
 
+def is_image_size(value) -> bool:
+    """A positive int (numpy's included; not a bool, float or string)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
+
+
+def size_list(imgsz) -> list:
+    """A Python API's image size (an int, or a list or tuple of them) as a list, for check_img_size to judge:
+    ``list("64")`` would split a string into digits."""
+    return list(imgsz) if isinstance(imgsz, (list, tuple)) else [imgsz]
+
+
 def check_img_size(imgsz, stride=32, floor=0):
     """Round an image size (int or list of ints) up to a multiple of ``stride``, at least ``floor``.
 
     Warns when the size had to change, because the user asked for something else.
     """
-    if isinstance(imgsz, (int, np.integer)):
+    if is_image_size(imgsz):
         new_size = max(make_divisible(int(imgsz), stride), floor)
-    elif isinstance(imgsz, (list, tuple)):
+    elif isinstance(imgsz, (list, tuple)) and imgsz and all(map(is_image_size, imgsz)):
         new_size = [max(make_divisible(int(x), stride), floor) for x in imgsz]
-    else:
-        raise UserError(f"--imgsz {imgsz!r}: expected an integer or a list of integers")
+    else:  # from Python code: "640" or 0 would otherwise become a size silently (["6", "4", "0"] -> [32, 32, 0])
+        raise UserError(f"--imgsz {imgsz!r}: expected a positive integer or a list of them")
     if new_size != imgsz and list(np.atleast_1d(new_size)) != list(np.atleast_1d(imgsz)):
         LOGGER.warning(f"--imgsz {imgsz} must be a multiple of max stride {int(stride)}, "
                        f"updating to {new_size}")
