@@ -301,8 +301,7 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     model, device = inference_model(weights, model, device)
     layers = visualized_layers(model, slice_size) if visualize else None
     stride = int(model.stride.max())
-    imgsz = size_list(imgsz)
-    imgsz = check_img_size(imgsz * 2 if len(imgsz) == 1 else imgsz, stride=stride)
+    imgsz = square_if_one(size_list(imgsz), stride)
     half &= device.type == "cuda"
     if half:
         model.half()
@@ -343,6 +342,11 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir,
            len(outputs["label_files"]) if save_txt else None, nosave)
     return save_dir
+
+
+def square_if_one(imgsz: list, stride: int) -> list:
+    """``--imgsz`` as ``[h, w]`` at the model's stride: one size means a square, as in YOLOv5."""
+    return check_img_size(imgsz * 2 if len(imgsz) == 1 else imgsz, stride=stride)
 
 
 def log_frame(frame, det, names, seconds: float) -> None:
