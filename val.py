@@ -47,6 +47,7 @@ TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R"
 TABLE_ROW = "%22s" + "%11i" * 2 + "%11.3g" * 4
 DEFAULT_MAX_DET = 300  # detections per image when neither --max-det nor the data YAML's max_det is given
 STUDY_SIZES = range(256, 1536 + 128, 128)
+TASKS = ("train", "val", "test", "speed", "study")
 
 
 # ------------------------------------------------------------------------------- per image
@@ -70,6 +71,8 @@ def _model_device(model):
 def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls):
     """Standalone validation: weights (.pt, .onnx, .torchscript, *_openvino_model) -> eval backend on
     ``device``, checked image size, data dict."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:  # the CLI's rule, for val.run
+        raise UserError(f"--batch-size {batch_size!r}: must be a positive integer")
     device = select_device(device, batch_size=batch_size)
     model = load_backend(weights, device=device, fuse=True)
     imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
@@ -108,13 +111,14 @@ def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers
     """Rectangular batches (pad 0.5 stride) for accuracy; square ``imgsz`` letterboxes (pad 0) for --task speed
     and for static exports (``model.fixed_shape`` set), whose input cannot grow past the exported size."""
     stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
-    if task not in ("train", "val", "test"):
-        task = "val"
-    if data.get(task) is None:
-        raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{task}' split")
+    if task not in TASKS:  # the CLI's choices, for val.run
+        raise UserError(f"--task {task!r}: choose from {', '.join(TASKS)}")
+    split = task if task in ("train", "val", "test") else "val"  # speed and study time the val split
+    if data.get(split) is None:
+        raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{split}' split")
     pad, rect = (0.0, False) if task == "speed" or fixed_shape else (0.5, True)
-    return create_dataloader(data[task], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
-                             prefix=colorstr(f"{task}: "), nc=data["nc"], reduced_decode=reduced_decode)[0]
+    return create_dataloader(data[split], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
+                             prefix=colorstr(f"{split}: "), nc=data["nc"], reduced_decode=reduced_decode)[0]
 
 
 def _class_names(names, model, data, single_cls=False):
@@ -390,7 +394,7 @@ def parse_opt(argv=None):
     parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=None,
                         help=f"maximum detections per image (default: the data YAML's max_det, else {DEFAULT_MAX_DET})")
-    parser.add_argument("--task", default="val", choices=("train", "val", "test", "speed", "study"),
+    parser.add_argument("--task", default="val", choices=TASKS,
                         help="split to validate, or speed / study")
     parser.add_argument("--workers", type=int, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class data set")

@@ -18,6 +18,7 @@ import detect
 import val
 from models.experimental import Ensemble, attempt_load, tta_forward
 from tests.support.checkpoints import NAMES, confident_model, write_checkpoint
+from utils.dataset.data_config import check_dataset
 from utils.errors import UserError
 
 @pytest.fixture(scope="module")
@@ -193,7 +194,6 @@ def test_val_study_writes_one_row_of_metrics_and_times_per_size(trained, shapes_
 
 
 def test_val_with_live_model_keeps_it_unfused(trained, shapes_data, tmp_path):
-    from utils.dataset.data_config import check_dataset
     from utils.dataloaders import create_dataloader
     from utils.loss import ComputeLoss
 
@@ -418,6 +418,26 @@ def test_python_run_refuses_an_image_size_that_is_not_a_positive_int(trained, sh
     with pytest.raises(UserError, match=r"^--imgsz .*: expected a positive integer or a list of them$"):
         val.run(str(shapes_data), weights=weights, imgsz=imgsz, device="cpu", project=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("options, message", [({"task": "bogus"}, r"^--task 'bogus': choose from train, val, test"),
+                                             ({"batch_size": 0}, r"^--batch-size 0: must be a positive integer$")])
+def test_val_run_applies_the_command_lines_rules(trained, shapes_data, tmp_path, options, message):
+    """From Python an unknown task used to validate the val split silently, and batch size 0 divided by zero."""
+    _, weights = trained
+    with pytest.raises(UserError, match=message):
+        val.run(str(shapes_data), weights=weights, imgsz=64, device="cpu", project=tmp_path, **options)
+    assert not any(tmp_path.iterdir())
+
+
+def test_task_speed_times_square_letterboxed_batches_and_the_splits_rectangular_ones(trained, shapes_data):
+    """As YOLOv5: --task speed pads every image to imgsz x imgsz; it used to be turned into 'val' first."""
+    model, _ = trained
+    data = check_dataset(str(shapes_data))
+    speed = val._validation_loader(data, "speed", 64, 4, model, False, 0).dataset
+    split = val._validation_loader(data, "val", 64, 4, model, False, 0).dataset
+    assert (speed.rect, split.rect) == (False, True)
+    assert speed.im_files == split.im_files
 
 
 def test_val_cli_corrupt_weights_is_a_clear_error(shapes_data, tmp_path, capsys):
