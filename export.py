@@ -35,7 +35,7 @@ from models.experimental import attempt_load  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import atomic_write_bytes, replace_folder  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
-from utils.ops import check_img_size, is_image_size, size_list  # noqa: E402
+from utils.ops import check_img_size, is_positive_int, size_list  # noqa: E402
 from utils.options import EXPORT_UPSTREAM_FLAGS, OneLineErrorParser  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
@@ -219,7 +219,7 @@ def check_options(opt, device):
         raise UserError(f"--include {opt.include}: choose from {list(FORMATS)}")
     if opt.batch_size < 1:
         raise UserError(f"--batch-size {opt.batch_size}: must be a positive integer")
-    if not 1 <= len(opt.imgsz) <= 2 or not all(map(is_image_size, opt.imgsz)):
+    if not 1 <= len(opt.imgsz) <= 2 or not all(map(is_positive_int, opt.imgsz)):
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
     if opt.half and "openvino" in opt.include:
         raise UserError("--half: OpenVINO export is fp32 only; drop --half or export openvino separately")

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 from models.backends import load_backend  # noqa: E402
 from models.experimental import tta_forward  # noqa: E402
 from utils.coco_eval import coco_image_ids, coco_predictions, save_and_evaluate  # noqa: E402
-from utils.dataset.data_config import check_dataset  # noqa: E402
+from utils.dataset.data_config import SPLITS, check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path  # noqa: E402
@@ -113,7 +113,7 @@ def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers
     stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
     if task not in TASKS:  # the CLI's choices, for val.run
         raise UserError(f"--task {task!r}: choose from {', '.join(TASKS)}")
-    split = task if task in ("train", "val", "test") else "val"  # speed and study time the val split
+    split = task if task in SPLITS else "val"  # speed and study time the val split
     if data.get(split) is None:
         raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{split}' split")
     pad, rect = (0.0, False) if task == "speed" or fixed_shape else (0.5, True)

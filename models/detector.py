@@ -24,7 +24,7 @@ import torch
 from models.backends import load_backend
 from utils.augmentations import letterbox
 from utils.errors import UserError
-from utils.ops import check_img_size, is_image_size, make_divisible, non_max_suppression, scale_boxes
+from utils.ops import check_img_size, is_positive_int, make_divisible, non_max_suppression, scale_boxes
 from utils.torch_utils import select_device
 
 
@@ -78,7 +78,7 @@ def _option(name: str) -> property:
 def _size_pair(size, argument: str) -> list:
     """``[h, w]`` from an int or a ``(h, w)`` pair of positive ints; anything else is one UserError line."""
     wanted = list(size) if isinstance(size, (list, tuple)) else [size] * 2
-    if len(wanted) != 2 or not all(map(is_image_size, wanted)):
+    if len(wanted) != 2 or not all(map(is_positive_int, wanted)):
         raise UserError(f"Detector: {argument}={size!r}: give a positive int or (height, width)")
     return wanted
 

@@ -24,9 +24,13 @@ def make_divisible(x, divisor) -> int:
     return int(math.ceil(x / divisor) * divisor)
 
 
-def is_image_size(value) -> bool:
-    """A positive int (numpy's included; not a bool, float or string)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
+def is_index(value) -> bool:
+    """An int, numpy's included; not a bool, float or string (values from Python code, not parsed flags)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_positive_int(value) -> bool:
+    return is_index(value) and value > 0
 
 
 def size_list(imgsz) -> list:
@@ -40,9 +44,9 @@ def check_img_size(imgsz, stride=32, floor=0):
 
     Warns when the size had to change, because the user asked for something else.
     """
-    if is_image_size(imgsz):
+    if is_positive_int(imgsz):
         new_size = max(make_divisible(int(imgsz), stride), floor)
-    elif isinstance(imgsz, (list, tuple)) and imgsz and all(map(is_image_size, imgsz)):
+    elif isinstance(imgsz, (list, tuple)) and imgsz and all(map(is_positive_int, imgsz)):
         new_size = [max(make_divisible(int(x), stride), floor) for x in imgsz]
     else:  # from Python code: "640" or 0 would otherwise become a size silently (["6", "4", "0"] -> [32, 32, 0])
         raise UserError(f"--imgsz {imgsz!r}: expected a positive integer or a list of them")
@@ -137,7 +141,7 @@ def _check_thresholds(conf_thres, iou_thres, max_det):
     for flag, value in (("--conf-thres", conf_thres), ("--iou-thres", iou_thres)):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 <= value <= 1:
             raise UserError(f"{flag} {value!r}: must be a number between 0.0 and 1.0")
-    if isinstance(max_det, bool) or not isinstance(max_det, (int, np.integer)) or max_det < 1:
+    if not is_positive_int(max_det):
         raise UserError(f"--max-det {max_det!r}: must be a positive integer")
 
 
@@ -145,7 +149,7 @@ def check_class_filter(classes, nc: int):
     """``--classes`` (or the Detector's ``classes``) must name the model's classes, by index: a filter on a class
     the model does not have would silently keep nothing."""
     wanted = [classes] if isinstance(classes, (int, np.integer)) else list(classes)
-    bad = [c for c in wanted if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < nc]
+    bad = [c for c in wanted if not (is_index(c) and 0 <= c < nc)]
     if bad or not wanted:
         raise UserError(f"--classes {' '.join(map(str, wanted)) or '(none)'}: the model has {nc} classes; "
                         f"give class indices from 0 to {nc - 1}, or leave --classes out to keep all")
