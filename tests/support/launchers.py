@@ -14,9 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def launcher_env() -> dict:
-    """This environment minus any DDP variables of an outer launcher, one thread per rank."""
+    """This environment minus any DDP variables of an outer launcher, one thread per rank.
+
+    PYTHONFAULTHANDLER: a rank that aborts (a rare ``terminate called without an active exception`` at DDP
+    exit, docs/reliability.md) prints every thread's Python stack into the test's captured stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1"}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
