@@ -2,7 +2,9 @@
 
 import argparse
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -225,3 +227,36 @@ def test_train_run_refuses_a_keyword_it_would_otherwise_ignore(keywords, message
     with pytest.raises(UserError, match=message):
         train.run(project=str(tmp_path), **keywords)
     assert not any(tmp_path.iterdir()), "nothing is made"
+@pytest.mark.parametrize("keywords, message", [
+    ({"epochs": 2.5}, r"^train\.run: epochs=2\.5: expected an integer$"),
+    ({"epochs": True}, r"^train\.run: epochs=True: expected an integer$"),
+    ({"batch_size": "x8"}, r"^train\.run: batch_size='x8': expected an integer$"),
+    ({"imgsz": [64, 64]}, r"^train\.run: imgsz=\[64, 64\]: expected one value, not a list$"),
+    ({"weights": None}, r"^train\.run: weights=None: expected a string or a path$"),
+    ({"noplots": 1}, r"^train\.run: noplots=1: expected True or False$"),
+    ({"optimizer": "sgd"}, r"^train\.run: optimizer='sgd': choose from SGD, Adam, AdamW$"),
+    ({"logger": "wandb"}, r"^train\.run: logger='wandb': choose from tensorboard, mlflow$"),
+    ({"freeze": []}, r"^train\.run: freeze=\[\]: expected at least one value$"),
+])
+def test_train_run_checks_a_keywords_value_as_the_command_line_would(keywords, message, tmp_path):
+    """epochs=2.5 used to build the data set and a run folder, then fail in range() with a TypeError."""
+    with pytest.raises(UserError, match=message):
+        train.run(data="data/shapes.yaml", cfg="tests/models/tiny.yaml", project=str(tmp_path), **keywords)
+    assert not any(tmp_path.iterdir()), "nothing is made"
+
+
+def test_train_run_reads_values_as_their_flags_do():
+    """Text and numpy numbers go through the flag's type; True on a flag with an optional value is the bare
+    flag, False is the flag not given; one value for a flag of several is a list of one."""
+    parser = train.build_parser()
+    opt = parser.parse_keywords({"epochs": np.int64(3), "batch_size": "8", "label_smoothing": 0, "cache": True,
+                                 "evolve": True, "logger": "tensorboard", "freeze": 10, "weights": Path("a.pt")},
+                                "train.run")
+    bare = parser.parse_args(["--cache", "--evolve"])
+    assert (opt.epochs, opt.batch_size, opt.label_smoothing) == (3, 8, 0.0)
+    assert type(opt.epochs) is int and type(opt.label_smoothing) is float
+    assert (opt.cache, opt.evolve) == (bare.cache, bare.evolve) != (None, None)
+    assert (opt.logger, opt.freeze, opt.weights) == (["tensorboard"], [10], "a.pt")
+    assert parser.parse_keywords({"cache": False}, "train.run").cache == parser.parse_args([]).cache
+
+

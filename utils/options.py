@@ -33,11 +33,13 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def parse_keywords(self, keywords: dict, caller: str) -> argparse.Namespace:
         """The Python API's options (``train.run(img=320, batch_size=8)``): the flags' defaults, with ``keywords``
-        set as given (not parsed from text). A keyword is any spelling of a flag with ``_`` for ``-`` (``img``,
-        ``img_size``, ``imgsz``). An unknown keyword, or two spellings of one flag, is one UserError line: a typo
-        would otherwise be ignored and the run trained with the default."""
+        set as given and checked as the command line would check them (:func:`keyword_value`). A keyword is any
+        spelling of a flag with ``_`` for ``-`` (``img``, ``img_size``, ``imgsz``). An unknown keyword, or two
+        spellings of one flag, is one UserError line: a typo would otherwise be ignored and the run trained with
+        the default."""
         spellings = {s.lstrip("-").replace("-", "_"): a.dest for a in self._actions for s in a.option_strings
                      if a.dest != "help"}
+        actions = {a.dest: a for a in self._actions}
         opt, seen = self.parse_args([]), {}
         for key, value in keywords.items():
             if key not in spellings:
@@ -49,7 +51,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
             if dest in seen:
                 raise UserError(f"{caller}: {seen[dest]}= and {key}= set the same option; pass one")
             seen[dest] = key
-            setattr(opt, dest, value)
+            setattr(opt, dest, keyword_value(actions[dest], f"{caller}: {key}={value!r}", value))
         return opt
 
     def upstream_advice(self, message: str) -> str | None:
@@ -60,6 +62,49 @@ class OneLineErrorParser(argparse.ArgumentParser):
             if flag in self.upstream_flags:
                 return f"{flag}: a YOLOv5 flag that {self.prog} does not carry: {self.upstream_flags[flag]}"
         return None
+
+
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string or a path"}
+
+
+def keyword_value(action: argparse.Action, where: str, value):
+    """A Python API keyword's ``value`` as the command line would have given the flag of ``action``: a switch
+    takes True or False; a flag that takes a value as an option (``--cache``, ``--evolve``) reads True as the
+    bare flag and False as not given; a flag that takes several values takes a list or one value; each value
+    goes through the flag's type and choices. Anything else is one UserError line starting with ``where``
+    (a float for ``epochs`` failed deep inside training, a string for ``batch_size`` in a comparison)."""
+    if action.nargs == 0:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: expected True or False")
+        return value
+    if action.nargs == "?" and isinstance(value, bool):
+        return action.const if value else action.default
+    many = action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction)
+    if isinstance(value, (list, tuple)) and not many:
+        raise UserError(f"{where}: expected one value, not a list")
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if many and not items and action.nargs == "+":
+        raise UserError(f"{where}: expected at least one value")
+    converted = [_typed(action, item, where) for item in items]
+    for item in converted:
+        if action.choices is not None and item not in action.choices:
+            raise UserError(f"{where}: choose from {', '.join(map(str, action.choices))}")
+    return converted if many else converted[0]
+
+
+def _typed(action: argparse.Action, item, where: str):
+    """One value through the flag's type, as argparse applies it to text (True is not an integer here)."""
+    expected = f"{where}: expected {TYPE_NAMES.get(action.type, 'a value the flag accepts')}"
+    if action.type is None or item is None and action.default is None:
+        return item
+    if item is None:
+        raise UserError(expected)
+    if type(item) is action.type or (action.type is float and type(item) is int):
+        return action.type(item)
+    try:
+        return action.type(item if isinstance(item, (str, Path)) else str(item))
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise UserError(expected) from None
 
 
 _ONNX_INSTEAD = ("OpenCV DNN inference is not built in; export with python export.py --include onnx and pass the "
