@@ -264,9 +264,11 @@ def weights_kind(path) -> str:
 
 def load_backend(weights, device=None, fuse=True) -> InferenceBackend:
     """Open ``weights`` (a path, or a list of .pt paths for an ensemble) on ``device`` as a backend."""
-    paths = [weights] if isinstance(weights, (str, Path)) else list(weights)
-    if not paths:
-        raise UserError("--weights: no weights file given; pass a checkpoint such as runs/train/exp/weights/best.pt")
+    paths = [weights] if isinstance(weights, (str, Path)) else weights
+    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, Path)) for p in paths):
+        raise UserError(f"--weights {weights!r}: no weights file given; pass a checkpoint such as "
+                        "runs/train/exp/weights/best.pt")
+    paths = list(paths)
     kinds = {weights_kind(p) for p in paths}
     if len(paths) > 1 and kinds != {"pytorch"}:
         raise UserError(f"--weights {[str(p) for p in paths]}: only .pt checkpoints can form an ensemble")

@@ -430,6 +430,17 @@ def test_val_run_applies_the_command_lines_rules(trained, shapes_data, tmp_path,
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("weights", [None, 123, [], [None]])
+def test_weights_that_name_no_file_are_one_line_from_python(shapes_data, tmp_path, weights):
+    """val.run(weights=None) and detect.run(None, ...) used to end in "'NoneType' object is not iterable"."""
+    message = r"^--weights .*: no weights file given; pass a checkpoint such as runs/train/exp/weights/best\.pt$"
+    with pytest.raises(UserError, match=message):
+        val.run(str(shapes_data), weights=weights, imgsz=64, device="cpu", project=tmp_path)
+    with pytest.raises(UserError, match=message):
+        detect.run(weights, str(shapes_data.parent), imgsz=64, device="cpu", project=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
 def test_task_speed_times_square_letterboxed_batches_and_the_splits_rectangular_ones(trained, shapes_data):
     """As YOLOv5: --task speed pads every image to imgsz x imgsz; it used to be turned into 'val' first."""
     model, _ = trained
