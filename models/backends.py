@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.experimental import attempt_load
+from models.experimental import attempt_load, weight_paths
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.options import MISSING_FILE_HINTS
@@ -264,11 +264,7 @@ def weights_kind(path) -> str:
 
 def load_backend(weights, device=None, fuse=True) -> InferenceBackend:
     """Open ``weights`` (a path, or a list of .pt paths for an ensemble) on ``device`` as a backend."""
-    paths = [weights] if isinstance(weights, (str, Path)) else weights
-    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, Path)) for p in paths):
-        raise UserError(f"--weights {weights!r}: no weights file given; pass a checkpoint such as "
-                        "runs/train/exp/weights/best.pt")
-    paths = list(paths)
+    paths = weight_paths(weights)
     kinds = {weights_kind(p) for p in paths}
     if len(paths) > 1 and kinds != {"pytorch"}:
         raise UserError(f"--weights {[str(p) for p in paths]}: only .pt checkpoints can form an ensemble")

@@ -76,15 +76,23 @@ def _fuse(model):
             module.fuse()
 
 
+def weight_paths(weights) -> list:
+    """``--weights`` as a list of paths: one path, or a non-empty list or tuple of them (an ensemble); anything
+    else (None, a number) is one UserError line rather than a TypeError deep inside loading."""
+    paths = [weights] if isinstance(weights, (str, Path)) else weights
+    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, Path)) for p in paths):
+        raise UserError(f"--weights {weights!r}: no weights file given; pass a checkpoint such as "
+                        "runs/train/exp/weights/best.pt")
+    return list(paths)
+
+
 def attempt_load(weights, device=None, fuse=True):
     """Load one checkpoint path, or a list of paths as an :class:`Ensemble`, onto ``device`` in eval mode.
 
     Missing files, files that are not checkpoints and weights that do not fit the stored
     architecture each raise a one-line UserError.
     """
-    paths = [weights] if isinstance(weights, (str, Path)) else list(weights)
-    if not paths:
-        raise UserError("--weights: no weights file given; pass a checkpoint such as runs/train/exp/weights/best.pt")
+    paths = weight_paths(weights)
     models = [load_one(p, fuse).to(device or "cpu") for p in paths]
     if len(models) == 1:
         return models[0]

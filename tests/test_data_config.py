@@ -303,3 +303,11 @@ def test_a_shipped_yaml_whose_data_is_missing_says_to_convert_it(name, tmp_path,
     other = write_yaml(tmp_path / "mine" / name, (ROOT / "data" / name).read_text())
     with pytest.raises(UserError, match=r"; fix the YAML or create the folder$"):
         check_dataset(other)
+
+
+@pytest.mark.parametrize("value", [None, 123, ["data/shapes.yaml"]])
+def test_a_data_value_that_is_no_path_is_one_line(value):
+    """val.run(data=None) used to end in "expected str, bytes or os.PathLike object, not NoneType"."""
+    with pytest.raises(UserError, match=r"^--data .*: expected a data set \.yaml file \(or its dict\), e\.g\. "
+                                        r"data/shapes\.yaml$"):
+        check_dataset(value)

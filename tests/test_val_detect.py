@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import detect
+import export
 import val
 from models.experimental import Ensemble, attempt_load, tta_forward
 from tests.support.checkpoints import NAMES, confident_model, write_checkpoint
@@ -432,12 +433,14 @@ def test_val_run_applies_the_command_lines_rules(trained, shapes_data, tmp_path,
 
 @pytest.mark.parametrize("weights", [None, 123, [], [None]])
 def test_weights_that_name_no_file_are_one_line_from_python(shapes_data, tmp_path, weights):
-    """val.run(weights=None) and detect.run(None, ...) used to end in "'NoneType' object is not iterable"."""
+    """val.run(weights=None), detect.run(None, ...) and export.run(None) used to end in "'NoneType' object is not iterable"."""
     message = r"^--weights .*: no weights file given; pass a checkpoint such as runs/train/exp/weights/best\.pt$"
     with pytest.raises(UserError, match=message):
         val.run(str(shapes_data), weights=weights, imgsz=64, device="cpu", project=tmp_path)
     with pytest.raises(UserError, match=message):
         detect.run(weights, str(shapes_data.parent), imgsz=64, device="cpu", project=tmp_path)
+    with pytest.raises(UserError, match=message):
+        export.run(weights, imgsz=64, include="onnx")
     assert not any(tmp_path.iterdir())
 
 

@@ -127,6 +127,8 @@ def check_dataset(path) -> dict:
     """
     if isinstance(path, dict):
         data, yaml_file = dict(path), Path(path.get("yaml_file") or Path.cwd() / "data.yaml")
+    elif not isinstance(path, (str, Path)):
+        raise UserError(f"--data {path!r}: expected a data set .yaml file (or its dict), e.g. data/shapes.yaml")
     else:
         yaml_file = Path(find_repo_file(path, "--data")).resolve()  # val.run(data="shapes.yaml") as the CLI does
         if yaml_file.suffix not in (".yaml", ".yml"):
