@@ -18,6 +18,7 @@ import errno
 import re
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -297,6 +298,8 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     images or video frames of one letterboxed shape run through the model together (0: :func:`auto_batch_size`).
     Returns the run folder.
     """
+    check_options(argparse.Namespace(max_det=max_det, vid_stride=vid_stride, line_thickness=line_thickness,
+                                     batch_size=batch_size), DETECT_VALUE_RULES)  # the CLI's rules, for detect.run
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
     model, device = inference_model(weights, model, device)
     layers = visualized_layers(model, slice_size) if visualize else None
@@ -310,10 +313,10 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         check_class_filter(classes, len(names))  # before the run folder is made
     batch_size = batch_size or auto_batch_size(device, imgsz)
     dataset = open_source(source, imgsz, stride, vid_stride)
-    make_run_folder(save_dir / "labels" if save_txt else save_dir)
     slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
                               device, half, classes, agnostic_nms)
+    make_run_folder(save_dir / "labels" if save_txt else save_dir)
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
                        max_det=max_det)
     video, summary = VideoSink(), SourceSummary(names)
@@ -423,8 +426,8 @@ def report(dt, seen, shape, save_dir, n_labels, nosave):
     log_speed_and_outputs([x / seen * 1e3 for x in dt], shape, save_dir, n_labels, saved=not nosave)
 
 
-DETECT_RULES = OptionRules(positive=("imgsz", "max_det", "vid_stride", "line_thickness"),
-                           non_negative=("batch_size",))
+DETECT_VALUE_RULES = OptionRules(positive=("max_det", "vid_stride", "line_thickness"), non_negative=("batch_size",))
+DETECT_RULES = replace(DETECT_VALUE_RULES, positive=("imgsz", *DETECT_VALUE_RULES.positive))
 
 
 def parse_opt(argv=None):

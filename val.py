@@ -12,7 +12,7 @@ Usage:
 import argparse
 import sys
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -68,11 +68,10 @@ def _model_device(model):
     return next(model.parameters()).device
 
 
-def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls):
+def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls, workers):
     """Standalone validation: weights (.pt, .onnx, .torchscript, *_openvino_model) -> eval backend on
     ``device``, checked image size, data dict."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:  # the CLI's rule, for val.run
-        raise UserError(f"--batch-size {batch_size!r}: must be a positive integer")
+    check_options(argparse.Namespace(batch_size=batch_size, workers=workers), VAL_VALUE_RULES)  # the CLI's, for val.run
     device = select_device(device, batch_size=batch_size)
     model = load_backend(weights, device=device, fuse=True)
     imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
@@ -149,13 +148,18 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if training:
         model, device, half = _training_model(model, half)
     else:
-        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls)
+        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls,
+                                                            workers)
     model.eval()
     max_det = detections_per_image(max_det, data)
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data, single_cls)
     if dataloader is None:
         dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode)
+    slicer = sliced_predictor(
+        lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap, no_full_pass,
+        slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
+        agnostic=single_cls, multi_label=True)
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -163,10 +167,6 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     record = ValidationRecord(ConfusionMatrix(nc=nc), SizeBandStats() if size_bands or not training or verbose else None,
                               single_cls, plots, save_dir if save_txt else None, save_conf,
                               coco_image_ids(dataloader.dataset.im_files) if save_json else None)
-    slicer = sliced_predictor(
-        lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap, no_full_pass,
-        slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
-        agnostic=single_cls, multi_label=True)
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, agnostic=single_cls,
                        max_det=max_det)
     predict = partial(_predict_batch, model, slicer, half=half, augment=augment, compute_loss=compute_loss,
@@ -380,7 +380,8 @@ def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
 
 # ------------------------------------------------------------------------------- command line
 
-VAL_RULES = OptionRules(positive=("batch_size", "imgsz", "max_det"), non_negative=("workers",))
+VAL_VALUE_RULES = OptionRules(positive=("batch_size",), non_negative=("workers",))
+VAL_RULES = replace(VAL_VALUE_RULES, positive=("batch_size", "imgsz", "max_det"))
 
 
 def parse_opt(argv=None):

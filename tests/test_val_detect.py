@@ -431,6 +431,36 @@ def test_val_run_applies_the_command_lines_rules(trained, shapes_data, tmp_path,
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"vid_stride": 0}, r"^--vid-stride 0: must be a positive integer$"),
+    ({"line_thickness": "x"}, r"^--line-thickness 'x': must be a positive integer$"),
+    ({"batch_size": -1}, r"^--batch-size -1: must be 0 or more$"),
+    ({"max_det": 2.5}, r"^--max-det 2\.5: must be a positive integer$"),
+    ({"slice_size": 32, "slice_merge": "x"}, r"^--slice-merge 'x': choose from nms, nmm$"),
+])
+def test_detect_run_applies_the_command_lines_rules(trained, shapes_data, tmp_path, options, message):
+    """From Python these were accepted (vid_stride 0, line_thickness 'x', batch_size -1, slice_merge 'x') or
+    failed after the run folder was made."""
+    _, weights = trained
+    with pytest.raises(UserError, match=message):
+        detect.run(weights, str(shapes_data.parent / "shapes" / "images" / "val"), imgsz=64, device="cpu",
+                   project=tmp_path, **options)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"workers": -1}, r"^--workers -1: must be 0 or more$"),
+    ({"batch_size": True}, r"^--batch-size True: must be a positive integer$"),
+    ({"slice_size": 32, "slice_merge": "x"}, r"^--slice-merge 'x': choose from nms, nmm$"),
+])
+def test_val_run_applies_the_rest_of_the_command_lines_rules(trained, shapes_data, tmp_path, options, message):
+    """workers=-1 reached the DataLoader's ValueError; slice_merge='x' failed after the run folder was made."""
+    _, weights = trained
+    with pytest.raises(UserError, match=message):
+        val.run(str(shapes_data), weights=weights, imgsz=64, device="cpu", project=tmp_path, **options)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("weights", [None, 123, [], [None]])
 def test_weights_that_name_no_file_are_one_line_from_python(shapes_data, tmp_path, weights):
     """val.run(weights=None), detect.run(None, ...) and export.run(None) used to end in "'NoneType' object is not iterable"."""

@@ -189,6 +189,12 @@ def _values(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def _below(value, floor) -> bool:
+    """True for a value under ``floor`` and for one that is not a number at all (``'x'``, True, None from
+    the Python API), so either gets the rule's one line instead of a TypeError."""
+    return isinstance(value, bool) or not isinstance(value, (int, float)) or value < floor
+
+
 def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Namespace:
     """Raise one :class:`UserError` line for the first option that breaks ``rules``; return ``opt``, with the
     bare names of ``rules.repo_yamls`` resolved to the repository's file of that name."""
@@ -196,12 +202,12 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
         setattr(opt, name, find_repo_file(getattr(opt, name), flag_name(name)))
     for name in rules.positive:
         value = getattr(opt, name)
-        if value is not None and any(v < 1 for v in _values(value)):
-            raise UserError(f"{flag_name(name)} {value}: must be a positive integer")
+        if value is not None and any(_below(v, 1) or isinstance(v, float) and not v.is_integer() for v in _values(value)):
+            raise UserError(f"{flag_name(name)} {value!r}: must be a positive integer")
     for name in rules.non_negative:
         value = getattr(opt, name)
-        if value is not None and any(not 0 <= v < math.inf for v in _values(value)):
-            raise UserError(f"{flag_name(name)} {value}: must be 0 or more")
+        if value is not None and any(_below(v, 0) or v == math.inf for v in _values(value)):
+            raise UserError(f"{flag_name(name)} {value!r}: must be 0 or more")
     for name in rules.fractions:
         if any(not 0 <= v < 1 for v in _values(getattr(opt, name))):
             raise UserError(f"{flag_name(name)} {getattr(opt, name)}: must be at least 0 and below 1")

@@ -240,6 +240,8 @@ def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False,
     size = check_slice_options(slice_size, slice_overlap, slice_batch, stride)
     if not size:
         return None
+    if slice_merge not in MERGE_MODES:  # argparse's choices, for val.run and detect.run
+        raise UserError(f"--slice-merge {slice_merge!r}: choose from {', '.join(MERGE_MODES)}")
     if slice_merge == "nmm" and conf_thres < NMM_CONF_FLOOR:
         LOGGER.warning(f"--slice-merge nmm with --conf-thres {conf_thres} (below {NMM_CONF_FLOOR}) would merge "
                        f"weak boxes into giant ones; merging by NMS instead (use --conf-thres {NMM_CONF_FLOOR} "
