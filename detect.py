@@ -108,8 +108,9 @@ class SourceSummary:
         LOGGER.info(self._line(f"--source {source}", self.total, self.total_frames, self.total_seconds))
 
 
-def class_names(model, data):
-    """Names from ``--data`` (when given, and its count must match the model) or from the checkpoint."""
+def class_names(model, data, classes=None):
+    """Names from ``--data`` (when given, and its count must match the model) or from the checkpoint; ``classes``
+    (``--classes``), when given, must index them (checked before the run folder is made)."""
     names = list(model.names)
     if data:
         data_names = yaml_load(find_repo_file(data, "--data")).get("names")  # a bare name: data/NAME, as YOLOv5
@@ -117,6 +118,8 @@ def class_names(model, data):
         if not isinstance(data_names, list) or len(data_names) != len(names):
             raise UserError(f"--data {data}: 'names' must list {len(names)} class names to match the weights")
         names = [str(n) for n in data_names]
+    if classes is not None:
+        check_class_filter(classes, len(names))
     return names
 
 
@@ -308,9 +311,7 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     half &= device.type == "cuda"
     if half:
         model.half()
-    names = class_names(model, data)
-    if classes is not None:
-        check_class_filter(classes, len(names))  # before the run folder is made
+    names = class_names(model, data, classes)
     batch_size = batch_size or auto_batch_size(device, imgsz)
     dataset = open_source(source, imgsz, stride, vid_stride)
     slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,

@@ -149,7 +149,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         model, device, half = _training_model(model, half)
     else:
         model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls,
-                                                            workers)
+                                                          workers)
     model.eval()
     max_det = detections_per_image(max_det, data)
     nc = 1 if single_cls else int(data["nc"])
@@ -163,7 +163,6 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
-
     record = ValidationRecord(ConfusionMatrix(nc=nc), SizeBandStats() if size_bands or not training or verbose else None,
                               single_cls, plots, save_dir if save_txt else None, save_conf,
                               coco_image_ids(dataloader.dataset.im_files) if save_json else None)
