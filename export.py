@@ -217,8 +217,8 @@ def check_options(opt, device):
     unknown = [f for f in opt.include if f not in FORMATS]
     if unknown or not opt.include:
         raise UserError(f"--include {opt.include}: choose from {list(FORMATS)}")
-    if opt.batch_size < 1:
-        raise UserError(f"--batch-size {opt.batch_size}: must be a positive integer")
+    if not is_positive_int(opt.batch_size):
+        raise UserError(f"--batch-size {opt.batch_size!r}: must be a positive integer")
     if not 1 <= len(opt.imgsz) <= 2 or not all(map(is_positive_int, opt.imgsz)):
         raise UserError(f"--imgsz {opt.imgsz}: give one size or 'height width', positive integers")
     if opt.half and "openvino" in opt.include:
@@ -228,8 +228,8 @@ def check_options(opt, device):
     if opt.half and opt.dynamic:
         raise UserError("--half and --dynamic cannot be combined; choose one")
     low, high = ONNX_OPSETS
-    if {"onnx", "openvino"} & set(opt.include) and not low <= opt.opset <= high:
-        raise UserError(f"--opset {opt.opset}: the ONNX exporter supports opsets {low} to {high}; "
+    if {"onnx", "openvino"} & set(opt.include) and not (is_positive_int(opt.opset) and low <= opt.opset <= high):
+        raise UserError(f"--opset {opt.opset!r}: the ONNX exporter supports opsets {low} to {high}; "
                         f"choose one in that range (default 17)")
     check_packages(opt)
     return opt.imgsz * 2 if len(opt.imgsz) == 1 else opt.imgsz

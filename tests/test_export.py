@@ -147,6 +147,10 @@ def test_python_run_takes_an_int_size_and_one_format_name(tiny_pt, tmp_path):
     for bad in ("64", 0, (64, 64, 64)):
         with pytest.raises(UserError, match=r"^--imgsz .*(give one size|positive integer)"):
             export.run(pt, imgsz=bad, include="torchscript")
+    with pytest.raises(UserError, match=r"^--batch-size 'x': must be a positive integer$"):
+        export.run(pt, imgsz=64, include="torchscript", batch_size="x")
+    with pytest.raises(UserError, match=r"^--opset '17': the ONNX exporter supports opsets"):
+        export.run(pt, imgsz=64, include="onnx", opset="17")
 
 
 def test_unknown_weights_format_and_missing_file(tmp_path):
