@@ -60,8 +60,9 @@ def test_torch_spelling_cuda_is_the_default_gpu_and_needs_cuda(two_gpu_driver, m
 @pytest.mark.parametrize("bad", ["gpu", "0,0", "-1", "1.5", "0;1", "cuda:x"])
 def test_malformed_device_is_user_error(bad, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(UserError, match="--device"):
+    with pytest.raises(UserError, match="--device") as error:
         select_device(bad)
+    assert bad == "0,0" or "'cuda' (the default GPU)" in str(error.value), "the message lists every accepted form"
 
 
 def no_gpu_mask(monkeypatch):

@@ -42,7 +42,7 @@ def _cuda_ids(request: str) -> list[int]:
     """``'0,1'`` -> ``[0, 1]``; anything that is not a list of distinct indices is a UserError."""
     parts = request.split(",")
     if not all(p.isdigit() for p in parts):
-        raise UserError(f"--device {request!r}: expected 'cpu', a CUDA index such as 0, "
+        raise UserError(f"--device {request!r}: expected 'cpu', 'cuda' (the default GPU), a CUDA index such as 0, "
                         "or a comma-separated list such as 0,1")
     ids = [int(p) for p in parts]
     if len(set(ids)) != len(ids):
