@@ -8,6 +8,7 @@ single place where a resumed checkpoint's options meet the flags the user typed.
 
 import argparse
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,10 +190,18 @@ def _values(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _below(value, floor) -> bool:
-    """True for a value under ``floor`` and for one that is not a number at all (``'x'``, True, None from
-    the Python API), so either gets the rule's one line instead of a TypeError."""
-    return isinstance(value, bool) or not isinstance(value, (int, float)) or value < floor
+def _is_number(value) -> bool:
+    """An int or float, numpy's included; not a bool, string or None (values from the Python API get the rule's
+    one line, not a TypeError in a comparison)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_positive_integer(value) -> bool:
+    return _is_number(value) and value >= 1 and float(value).is_integer()
+
+
+def _is_non_negative(value) -> bool:
+    return _is_number(value) and 0 <= value < math.inf
 
 
 def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Namespace:
@@ -202,11 +211,11 @@ def check_options(opt: argparse.Namespace, rules: OptionRules) -> argparse.Names
         setattr(opt, name, find_repo_file(getattr(opt, name), flag_name(name)))
     for name in rules.positive:
         value = getattr(opt, name)
-        if value is not None and any(_below(v, 1) or isinstance(v, float) and not v.is_integer() for v in _values(value)):
+        if value is not None and not all(map(_is_positive_integer, _values(value))):
             raise UserError(f"{flag_name(name)} {value!r}: must be a positive integer")
     for name in rules.non_negative:
         value = getattr(opt, name)
-        if value is not None and any(_below(v, 0) or v == math.inf for v in _values(value)):
+        if value is not None and not all(map(_is_non_negative, _values(value))):
             raise UserError(f"{flag_name(name)} {value!r}: must be 0 or more")
     for name in rules.fractions:
         if any(not 0 <= v < 1 for v in _values(getattr(opt, name))):
