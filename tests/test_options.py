@@ -237,6 +237,7 @@ def test_train_run_refuses_a_keyword_it_would_otherwise_ignore(keywords, message
     ({"optimizer": "sgd"}, r"^train\.run: optimizer='sgd': choose from SGD, Adam, AdamW$"),
     ({"logger": "wandb"}, r"^train\.run: logger='wandb': choose from tensorboard, mlflow$"),
     ({"freeze": []}, r"^train\.run: freeze=\[\]: expected at least one value$"),
+    ({"deterministic": False}, r"^train\.run: deterministic=False: choose from off, warn, scoped, strict$"),
 ])
 def test_train_run_checks_a_keywords_value_as_the_command_line_would(keywords, message, tmp_path):
     """epochs=2.5 used to build the data set and a run folder, then fail in range() with a TypeError."""

@@ -71,14 +71,15 @@ TYPE_NAMES = {int: "an integer", float: "a number", str: "a string or a path"}
 def keyword_value(action: argparse.Action, where: str, value):
     """A Python API keyword's ``value`` as the command line would have given the flag of ``action``: a switch
     takes True or False; a flag that takes a value as an option (``--cache``, ``--evolve``) reads True as the
-    bare flag and False as not given; a flag that takes several values takes a list or one value; each value
+    bare flag and False as not given, where not giving it means off (``deterministic=False`` is refused: its
+    default is on); a flag that takes several values takes a list or one value; each value
     goes through the flag's type and choices. Anything else is one UserError line starting with ``where``
     (a float for ``epochs`` failed deep inside training, a string for ``batch_size`` in a comparison)."""
     if action.nargs == 0:
         if not isinstance(value, bool):
             raise UserError(f"{where}: expected True or False")
         return value
-    if action.nargs == "?" and isinstance(value, bool):
+    if action.nargs == "?" and isinstance(value, bool) and (value or not action.default):
         return action.const if value else action.default
     many = action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction)
     if isinstance(value, (list, tuple)) and not many:
