@@ -463,7 +463,8 @@ def test_val_run_applies_the_rest_of_the_command_lines_rules(trained, shapes_dat
 
 @pytest.mark.parametrize("weights", [None, 123, [], [None]])
 def test_weights_that_name_no_file_are_one_line_from_python(shapes_data, tmp_path, weights):
-    """val.run(weights=None), detect.run(None, ...) and export.run(None) used to end in "'NoneType' object is not iterable"."""
+    """val.run(weights=None), detect.run(None, ...) and export.run(None) used to end in "'NoneType' object is not
+    iterable"."""
     message = r"^--weights .*: no weights file given; pass a checkpoint such as runs/train/exp/weights/best\.pt$"
     with pytest.raises(UserError, match=message):
         val.run(str(shapes_data), weights=weights, imgsz=64, device="cpu", project=tmp_path)

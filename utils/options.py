@@ -154,7 +154,8 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: 
     size = dict(nargs="+", default=[640]) if imgsz_hw else dict(default=640)
     parser.add_argument("--imgsz", "--img", "--img-size", type=int, help=imgsz_help, **size)
     parser.add_argument("--device", default="",
-                        help="cuda device, i.e. 0 or 0,1,2,3 or cpu; cuda: the default GPU, never falling back to the CPU")
+                        help="cuda device, i.e. 0 or 0,1,2,3 or cpu; cuda: the default GPU, never falling back to "
+                             "the CPU")
     parser.add_argument("--project", default=str(project), help="save to project/name")
     parser.add_argument("--name", default="exp", help="save to project/name")
     parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
