@@ -24,7 +24,8 @@ import torch
 from models.backends import load_backend
 from utils.augmentations import letterbox
 from utils.errors import UserError
-from utils.ops import check_img_size, is_positive_int, make_divisible, non_max_suppression, scale_boxes
+from utils.ops import (check_class_filter, check_img_size, check_thresholds, is_positive_int, make_divisible,
+                       non_max_suppression, scale_boxes)
 from utils.torch_utils import select_device
 
 
@@ -126,6 +127,13 @@ class Detector:
         im = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1))).to(self.device)[None]
         return (im.half() if self.half else im.float()) / 255
 
+    def check_options(self, opts: dict) -> None:
+        """The limits detect.py puts on its flags, named as the keywords the caller wrote (``Detector: conf=2``)."""
+        labels = {key: f"Detector: {key}" for key in self.options}
+        check_thresholds(opts["conf"], opts["iou"], opts["max_det"], labels)
+        if opts["classes"] is not None:
+            check_class_filter(opts["classes"], len(self.names), labels)
+
     @torch.no_grad()
     def detect_one(self, image, size=None, **options) -> Detections:
         """Detections of one image in its original pixels."""
@@ -133,6 +141,7 @@ class Detector:
         unknown = set(options) - set(self.options)
         if unknown:
             raise UserError(f"Detector: unknown option(s) {sorted(unknown)}; use size or {sorted(self.options)}")
+        self.check_options(opts)
         rgb = to_rgb_array(image)
         im = self.preprocess(rgb, size)
         pred = self.model(im)[0]

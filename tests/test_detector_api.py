@@ -86,10 +86,25 @@ def test_options_set_as_attributes_apply_to_later_calls_as_in_yolov5_hub(tiny_pt
 def test_a_class_filter_outside_the_models_classes_is_a_user_error(tiny_pt, image_path):
     detector = Detector(tiny_pt, **OPTIONS)
     nc = len(detector.names)
-    with pytest.raises(UserError, match=rf"^--classes {nc}: the model has {nc} classes; give class indices from 0"):
+    with pytest.raises(UserError, match=rf"^Detector: classes=\[{nc}\]: the model has {nc} classes; give class "
+                                        rf"indices from 0 to {nc - 1}, or leave classes out to keep all$"):
         detector(image_path, classes=[nc])
     detector.classes = 0  # one index, as YOLOv5's hub model takes it
     assert set(detector(image_path).classes.tolist()) <= {0}
+
+
+@pytest.mark.parametrize("option, value, limit", [("conf", 2, "a number between 0.0 and 1.0"),
+                                                  ("iou", "0.5", "a number between 0.0 and 1.0"),
+                                                  ("max_det", 0, "a positive integer")])
+def test_a_bad_threshold_is_named_as_the_keyword_the_caller_wrote(tiny_pt, image_path, option, value, limit):
+    """Not detect.py's flag (``--conf-thres``): the caller of the Python API never wrote one."""
+    detector = Detector(tiny_pt, **OPTIONS)
+    expected = rf"^Detector: {option}={value!r}: must be {limit}$"
+    with pytest.raises(UserError, match=expected):
+        detector(image_path, **{option: value})
+    setattr(detector, option, value)
+    with pytest.raises(UserError, match=expected):
+        detector(image_path)
 
 
 def test_unknown_option_is_a_user_error(tiny_pt, image_path):

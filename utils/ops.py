@@ -135,24 +135,36 @@ def scale_boxes(img1_shape, boxes, img0_shape, ratio_pad=None):
     return clip_boxes(boxes, img0_shape)
 
 
-def _check_thresholds(conf_thres, iou_thres, max_det):
+CLI_NMS_LABELS = {"conf": "--conf-thres", "iou": "--iou-thres", "max_det": "--max-det", "classes": "--classes"}
+
+
+def _named(label: str, value) -> str:
+    """How the user wrote a value: ``--conf-thres 2`` for a flag, ``Detector: conf=2`` for a keyword."""
+    if label.startswith("--"):
+        return f"{label} {(' '.join(map(str, value)) or '(none)') if isinstance(value, list) else repr(value)}"
+    return f"{label}={value!r}"
+
+
+def check_thresholds(conf_thres, iou_thres, max_det, labels: dict = CLI_NMS_LABELS):
     """The same limits whether the values come from a command line (already numbers) or from Python code
-    (the Detector's ``conf="0.5"`` would otherwise end in a TypeError deep inside NMS)."""
-    for flag, value in (("--conf-thres", conf_thres), ("--iou-thres", iou_thres)):
+    (the Detector's ``conf="0.5"`` would otherwise end in a TypeError deep inside NMS). ``labels`` names each
+    value as the user wrote it (see :func:`_named`)."""
+    for key, value in (("conf", conf_thres), ("iou", iou_thres)):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 <= value <= 1:
-            raise UserError(f"{flag} {value!r}: must be a number between 0.0 and 1.0")
+            raise UserError(f"{_named(labels[key], value)}: must be a number between 0.0 and 1.0")
     if not is_positive_int(max_det):
-        raise UserError(f"--max-det {max_det!r}: must be a positive integer")
+        raise UserError(f"{_named(labels['max_det'], max_det)}: must be a positive integer")
 
 
-def check_class_filter(classes, nc: int):
+def check_class_filter(classes, nc: int, labels: dict = CLI_NMS_LABELS):
     """``--classes`` (or the Detector's ``classes``) must name the model's classes, by index: a filter on a class
     the model does not have would silently keep nothing."""
     wanted = [classes] if isinstance(classes, (int, np.integer)) else list(classes)
     bad = [c for c in wanted if not (is_index(c) and 0 <= c < nc)]
     if bad or not wanted:
-        raise UserError(f"--classes {' '.join(map(str, wanted)) or '(none)'}: the model has {nc} classes; "
-                        f"give class indices from 0 to {nc - 1}, or leave --classes out to keep all")
+        leave_out = labels["classes"] if labels["classes"].startswith("--") else "classes"
+        raise UserError(f"{_named(labels['classes'], wanted)}: the model has {nc} classes; "
+                        f"give class indices from 0 to {nc - 1}, or leave {leave_out} out to keep all")
 
 
 def _forced_rows(labels, bs, nc, like):
@@ -237,7 +249,7 @@ def non_max_suppression(prediction, conf_thres=0.25, iou_thres=0.45, classes=Non
     limit (YOLOv5 has one): the detections, and every metric built on them, must not depend on
     how busy the machine is. ``max_nms`` and ``max_det`` bound the work instead.
     """
-    _check_thresholds(conf_thres, iou_thres, max_det)
+    check_thresholds(conf_thres, iou_thres, max_det)
     if isinstance(prediction, (list, tuple)):
         prediction = prediction[0]
     bs, nc = prediction.shape[0], prediction.shape[2] - 5
