@@ -173,32 +173,45 @@ def cell_budget(curves: list[list[dict]], patience: int) -> int | None:
     return None
 
 
-def cell_verdict(runs: tuple, opt) -> str:
-    """``(state): comparison`` for one cell's (ffca-yolo-n, yolov5n-p2, yolov5n) rows, each with its results.csv
-    rows as ``curve``: issue 38's target (at or above yolov5n-p2, at least 1.1x yolov5n) at the cell's budget."""
+def compare_at(runs: tuple, budget: int, opt) -> str:
+    """Issue 38's target (at or above yolov5n-p2, at least 1.1x yolov5n) on each model's best within ``budget``
+    epochs; ``runs`` are one cell's (ffca-yolo-n, yolov5n-p2, yolov5n) rows, each with its results.csv as ``curve``."""
+    ffca, p2, v5 = (summarise(r["curve"][:budget], opt.auc_epochs)["map"] for r in runs)
+    misses = [what for what, ok in (("p2", ffca >= p2), ("1.1x yolov5n", ffca >= 1.1 * v5)) if not ok]
+    ratio = f"{ffca / v5:.3f}x yolov5n" if v5 else "yolov5n at 0"
+    return (f"ffca-yolo-n {ffca:.4f} vs yolov5n-p2 {p2:.4f}, {ratio}: "
+            + ("meets" if not misses else "misses " + " and ".join(misses)))
+
+
+def cell_verdicts(runs: tuple, opt) -> list[str]:
+    """``(state): comparison`` for one cell (see :func:`compare_at`) at the cell's budget. A cell that converged
+    by the rule while its runs went on over the whole schedule is compared at the schedule's end too: a plateau
+    under a still-high learning rate fires the rule, and learning can resume after it."""
     budget = cell_budget([r["curve"] for r in runs], opt.patience)
+    end = min(len(r["curve"]) for r in runs)  # as far as every run has got
     early = next((r for r in runs if stopped_early(r, opt.max_epochs)), None)
     if budget is not None:
         state = f"converged: compared at {budget} epochs"
     elif any(r["state"] == "running" for r in runs):
-        budget = min(len(r["curve"]) for r in runs)
+        budget = end
         state = f"running: compared at {budget} epochs, as far as every run has got"
     elif early:
-        return (f"(not judged: {early['model']} stopped early at epoch {early['epochs']}, by the per-run patience "
-                "this command used before; training again sets it aside and trains it over the whole schedule)")
+        return [f"(not judged: {early['model']} stopped early at epoch {early['epochs']}, by the per-run patience "
+                "this command used before; training again sets it aside and trains it over the whole schedule)"]
     else:
+        budget = end
         state = f"not converged: the best run still improved within {opt.patience} epochs of the schedule's end"
-    ffca, p2, v5 = (summarise(r["curve"][:budget], opt.auc_epochs)["map"] for r in runs)
-    misses = [what for what, ok in (("p2", ffca >= p2), ("1.1x yolov5n", ffca >= 1.1 * v5)) if not ok]
-    ratio = f"{ffca / v5:.3f}x yolov5n" if v5 else "yolov5n at 0"
-    return (f"({state}): ffca-yolo-n {ffca:.4f} vs yolov5n-p2 {p2:.4f}, {ratio}: "
-            + ("meets" if not misses else "misses " + " and ".join(misses)))
+    verdicts = [f"({state}): " + compare_at(runs, budget, opt)]
+    if end > budget and all(r["state"] == "done" and r["epochs"] == opt.max_epochs for r in runs):
+        verdicts.append(f"(at the schedule's end, {end} epochs): " + compare_at(runs, end, opt))
+    return verdicts
 
 
 def converged_verdicts(rows: list[dict], opt) -> list[str]:
-    """One :func:`cell_verdict` line per (kind, size, seed) with all three models."""
-    return [f"{kind} {size} px seed {seed} " + cell_verdict(runs, opt)
-            for (kind, size, seed), *runs in compared_cells(rows, lambda r: (r["kind"], r["size"], r["seed"]))]
+    """The :func:`cell_verdicts` lines of each (kind, size, seed) with all three models."""
+    return [f"{kind} {size} px seed {seed} " + verdict
+            for (kind, size, seed), *runs in compared_cells(rows, lambda r: (r["kind"], r["size"], r["seed"]))
+            for verdict in cell_verdicts(runs, opt)]
 
 
 def jobs_for(opt, out: Path, generate: bool = True) -> list[dict]:
