@@ -12,7 +12,9 @@ Per run the table gives the epochs run, the epoch of the best checkpoint, its mA
 AI-TOD band (from results.csv, where train.py validates the EMA weights it saves as best.pt), and the area
 under the mAP50-95 curve over the first ``--auc-epochs`` epochs divided by that count (a run that stopped
 earlier holds its last value). Per cell a line follows: its budget, and whether ffca-yolo-n meets issue
-38's target there (mAP50-95 at or above yolov5n-p2's and at least 1.1x yolov5n's).
+38's target there (mAP50-95 at or above yolov5n-p2's and at least 1.1x yolov5n's). Where the budget came
+before the schedule's end and every run has trained the whole schedule, a second line compares the cell at
+the schedule's end: a plateau under a still-high learning rate can fire the rule while learning goes on.
 
     python -m benchmarks.accuracy.long_matrix --out runs/long-matrix-160            # 1.5 h on 2 cores; rerun to continue
     python -m benchmarks.accuracy.long_matrix --out runs/long-matrix-160 --report-only
