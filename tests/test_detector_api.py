@@ -89,6 +89,8 @@ def test_a_class_filter_outside_the_models_classes_is_a_user_error(tiny_pt, imag
     with pytest.raises(UserError, match=rf"^Detector: classes=\[{nc}\]: the model has {nc} classes; give class "
                                         rf"indices from 0 to {nc - 1}, or leave classes out to keep all$"):
         detector(image_path, classes=[nc])
+    with pytest.raises(UserError, match=rf"^Detector: classes={nc}: "):  # shown as written, not as a list
+        detector(image_path, classes=nc)
     detector.classes = 0  # one index, as YOLOv5's hub model takes it
     assert set(detector(image_path).classes.tolist()) <= {0}
 

@@ -141,7 +141,7 @@ CLI_NMS_LABELS = {"conf": "--conf-thres", "iou": "--iou-thres", "max_det": "--ma
 def _named(label: str, value) -> str:
     """How the user wrote a value: ``--conf-thres 2`` for a flag, ``Detector: conf=2`` for a keyword."""
     if label.startswith("--"):
-        return f"{label} {(' '.join(map(str, value)) or '(none)') if isinstance(value, list) else repr(value)}"
+        return f"{label} {(' '.join(map(str, value)) or '(none)') if isinstance(value, (list, tuple)) else repr(value)}"
     return f"{label}={value!r}"
 
 
@@ -163,7 +163,7 @@ def check_class_filter(classes, nc: int, labels: dict = CLI_NMS_LABELS):
     bad = [c for c in wanted if not (is_index(c) and 0 <= c < nc)]
     if bad or not wanted:
         leave_out = labels["classes"] if labels["classes"].startswith("--") else "classes"
-        raise UserError(f"{_named(labels['classes'], wanted)}: the model has {nc} classes; "
+        raise UserError(f"{_named(labels['classes'], classes)}: the model has {nc} classes; "
                         f"give class indices from 0 to {nc - 1}, or leave {leave_out} out to keep all")
 
 
