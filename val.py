@@ -380,7 +380,7 @@ def _summarise(stats, nc, names, seen, plots, save_dir, per_class, training):
 # ------------------------------------------------------------------------------- command line
 
 VAL_VALUE_RULES = OptionRules(positive=("batch_size",), non_negative=("workers",))
-VAL_RULES = replace(VAL_VALUE_RULES, positive=("batch_size", "imgsz", "max_det"))
+VAL_RULES = replace(VAL_VALUE_RULES, positive=(*VAL_VALUE_RULES.positive, "imgsz", "max_det"))
 
 
 def parse_opt(argv=None):

@@ -149,8 +149,7 @@ def test_verdicts_compare_every_model_at_the_cells_budget():
                     "0.2500, 3.000x yolov5n: meets")
     assert end == ("photos 160 px seed 0 (at the schedule's end, 10 epochs): ffca-yolo-n 0.3000 vs yolov5n-p2 "
                    "0.5000, 3.000x yolov5n: misses p2")  # the runs learned on past the rule's plateau
-    still_training = _run("yolov5n-p2", [0.0, 0.1, 0.2, 0.25, 0.25, 0.25, 0.25, 0.5],
-                          state="running")
+    still_training = _run("yolov5n-p2", [0.0, 0.1, 0.2, 0.25, 0.25, 0.25, 0.25, 0.5], state="running")
     (line,) = converged_verdicts([_run("yolov5n", [0.1] * 10), still_training, ffca], OPT)
     assert line.startswith("photos 160 px seed 0 (converged: compared at 5 epochs)")  # no end before every run has one
     rising = _run("yolov5n-p2", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])

@@ -227,6 +227,8 @@ def test_train_run_refuses_a_keyword_it_would_otherwise_ignore(keywords, message
     with pytest.raises(UserError, match=message):
         train.run(project=str(tmp_path), **keywords)
     assert not any(tmp_path.iterdir()), "nothing is made"
+
+
 @pytest.mark.parametrize("keywords, message", [
     ({"epochs": 2.5}, r"^train\.run: epochs=2\.5: expected an integer$"),
     ({"epochs": True}, r"^train\.run: epochs=True: expected an integer$"),
@@ -259,5 +261,3 @@ def test_train_run_reads_values_as_their_flags_do():
     assert (opt.cache, opt.evolve) == (bare.cache, bare.evolve) != (None, None)
     assert (opt.logger, opt.freeze, opt.weights) == (["tensorboard"], [10], "a.pt")
     assert parser.parse_keywords({"cache": False}, "train.run").cache == parser.parse_args([]).cache
-
-

@@ -97,7 +97,7 @@ def keyword_value(action: argparse.Action, where: str, value):
 def _typed(action: argparse.Action, item, where: str):
     """One value through the flag's type, as argparse applies it to text (True is not an integer here)."""
     expected = f"{where}: expected {TYPE_NAMES.get(action.type, 'a value the flag accepts')}"
-    if action.type is None or item is None and action.default is None:
+    if action.type is None or (item is None and action.default is None):
         return item
     if item is None:
         raise UserError(expected)

@@ -84,9 +84,9 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     (``LOCAL_RANK`` set) the process gets the ``LOCAL_RANK``-th listed GPU. When CUDA is not yet
     initialised, an explicit GPU list is exported as ``CUDA_VISIBLE_DEVICES`` before the first CUDA call
     (so child processes and DDP ranks see the same GPUs) and indices are renumbered from 0; the indices
-    count within a mask the process was started with (:func:`_masked_ids`). Once CUDA is initialised the variable would have no effect,
-    so it is left alone and the index is used as given. CPU requests never touch the variable,
-    because hiding GPUs would leak into everything else running in this process.
+    count within a mask the process was started with (:func:`_masked_ids`). Once CUDA is initialised the
+    variable would have no effect, so it is left alone and the index is used as given. CPU requests never
+    touch the variable, because hiding GPUs would leak into everything else running in this process.
     Invalid requests and a ``batch_size`` not divisible by the GPU count raise UserError.
     """
     global _exported_mask
