@@ -3,7 +3,7 @@
     python convert_checkpoint.py yolov5s.pt converted.pt
     python convert_checkpoint.py authors.pt fixed.pt --fixed-ffm   # then fine-tune: train.py --weights fixed.pt
 
-No code from the source file runs (see utils/convert_checkpoint.py); the model is rebuilt from the
+No code from the source file runs (see utils/foreign_checkpoint.py); the model is rebuilt from the
 model YAML stored in it, every tensor must be used, and the result loads with weights_only=True.
 FFM layers of a checkpoint trained with FFCA-YOLO's own code keep the authors' FFM arithmetic;
 one log line says which arithmetic each FFM layer kept (docs/export.md). ``--fixed-ffm`` writes this
@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from models.yolo import Model  # noqa: E402
-from utils.convert_checkpoint import convert  # noqa: E402
+from utils.foreign_checkpoint import convert  # noqa: E402
 from utils.errors import exit_on_user_error  # noqa: E402
 from utils.options import OneLineErrorParser  # noqa: E402
 

@@ -6,7 +6,7 @@
 
 ``path`` may be a .pt checkpoint, or an .onnx / .torchscript file or *_openvino_model folder written by
 export.py. Pretrained weights are not downloaded: train your own (train.py) or convert one
-(utils/convert_checkpoint.py). The model names build an untrained model, as YOLOv5's ``pretrained=False``:
+(utils/foreign_checkpoint.py). The model names build an untrained model, as YOLOv5's ``pretrained=False``:
 
     model = torch.hub.load("path/to/this/repo", "ffca_yolo_n", source="local", pretrained=False, classes=5)
 """

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.experimental import attempt_load, weight_paths
-from utils.errors import UserError
+from utils.errors import UserError, first_line
 from utils.logging import LOGGER
 from utils.options import MISSING_FILE_HINTS
 
@@ -129,7 +129,7 @@ class OnnxBackend(_ExportedBackend):
         try:
             session = onnxruntime.InferenceSession(str(path), providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for unreadable models
-            raise UserError(f"{path}: onnxruntime cannot load this file ({str(e).splitlines()[0][:200]})") from None
+            raise UserError(f"{path}: onnxruntime cannot load this file ({first_line(e)})") from None
         raw = session.get_modelmeta().custom_metadata_map
         meta = check_metadata({k: json.loads(v) for k, v in raw.items() if k in METADATA_KEYS}, path)
         fixed = None if meta["dynamic"] else (meta["batch"], *meta["imgsz"])
@@ -158,7 +158,7 @@ class TorchScriptBackend(_ExportedBackend):
                 warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
                 module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=extra)
         except (RuntimeError, ValueError, OSError) as e:
-            raise UserError(f"{path}: not a readable TorchScript file ({str(e).splitlines()[0][:200]})") from None
+            raise UserError(f"{path}: not a readable TorchScript file ({first_line(e)})") from None
         try:
             meta = json.loads(extra[TORCHSCRIPT_METADATA] or "{}")
         except json.JSONDecodeError:
@@ -231,7 +231,7 @@ class OpenVinoBackend(_ExportedBackend):
         try:
             model = core.read_model(str(xml))
         except RuntimeError as e:
-            raise UserError(f"{xml}: OpenVINO cannot read this model ({str(e).splitlines()[0][:200]})") from None
+            raise UserError(f"{xml}: OpenVINO cannot read this model ({first_line(e)})") from None
         meta = check_metadata(openvino_metadata(model), path)
         fixed = None if meta["dynamic"] else (meta["batch"], *meta["imgsz"])
         super().__init__(meta["stride"], meta["names"], "cpu", fixed)

@@ -166,7 +166,7 @@ class _WeightedConcat(nn.Module):
     * ``'fixed'`` (default): channel ``c`` of the concatenation scaled by ``C * w[c] / (sum(w) + eps)``;
       the weights average 1, so at initialisation (all ``w`` equal) FFM is a plain concatenation;
     * ``'authors'``: FFCA-YOLO's own computation, for checkpoints trained with the authors' code
-      (utils/convert_checkpoint.py): weights ``w / (sum(w) + eps)`` (sum 1), and input ``k`` read as
+      (utils/foreign_checkpoint.py): weights ``w / (sum(w) + eps)`` (sum 1), and input ``k`` read as
       ``(N, H, W, C_k)`` in memory order, so flat element ``j`` of each image's ``C_k*H*W`` block is
       scaled by weight ``j mod C_k`` of that input.
     """

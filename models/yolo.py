@@ -28,7 +28,7 @@ from torch import nn  # noqa: E402
 from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, DWConv, Focus  # noqa: E402
 from models.ffca import FEM, SCAM, C3_Faster, FFM_Concat2, FFM_Concat3  # noqa: E402
 from utils.autoanchor import check_anchor_order_stride_units  # noqa: E402
-from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.errors import UserError, exit_on_user_error, first_line  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.logging import LOGGER  # noqa: E402
 from utils.ops import make_divisible  # noqa: E402
@@ -392,9 +392,8 @@ class DetectionModel(nn.Module):
         try:
             features = self._forward_layers(probe, stop_at_detect=True)
         except (RuntimeError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"{source}: a {STRIDE_PROBE_SIZE}x{STRIDE_PROBE_SIZE} probe forward failed "
-                            f"({first[:200]}); check the rows' 'from' indices and channels") from None
+                            f"({first_line(e)}); check the rows' 'from' indices and channels") from None
         finally:
             self.train(was_training)
         detect.stride.copy_(torch.tensor([STRIDE_PROBE_SIZE / x.shape[-2] for x in features]))

@@ -1,4 +1,4 @@
-"""utils/convert_checkpoint.py: foreign pickled checkpoints converted without running their code."""
+"""utils/foreign_checkpoint.py: foreign pickled checkpoints converted without running their code."""
 
 import argparse
 import importlib.util
@@ -19,7 +19,7 @@ from models.ffca import FFM_Concat2, FFM_Concat3
 from models.yolo import Model
 from utils.training.checkpoints import load_checkpoint
 from convert_checkpoint import main
-from utils.convert_checkpoint import Placeholder, convert, match_weights, read_foreign_checkpoint
+from utils.foreign_checkpoint import Placeholder, convert, match_weights, read_foreign_checkpoint
 from utils.errors import UserError
 from utils.files import yaml_load
 
@@ -294,7 +294,7 @@ def test_destination_folder_or_unwritable_destination_exits_2(tmp_path, capsys, 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "new.pt"))
 
-    monkeypatch.setattr("utils.convert_checkpoint.save_checkpoint", full_disk)
+    monkeypatch.setattr("utils.foreign_checkpoint.save_checkpoint", full_disk)
     with pytest.raises(SystemExit) as e:
         main([str(src), str(tmp_path / "new.pt")])
     err = capsys.readouterr().err.strip()

@@ -45,7 +45,7 @@ def authors_model(seed: int = 0) -> Model:
 
 
 def write_converted(model: Model, path: Path) -> Path:
-    """A checkpoint laid out as utils/convert_checkpoint.py writes one (fp32 weights, no EMA, epoch -1)."""
+    """A checkpoint laid out as utils/foreign_checkpoint.py writes one (fp32 weights, no EMA, epoch -1)."""
     save_checkpoint({"model_cfg": model.yaml, "nc": len(NAMES), "names": NAMES, "model": model.state_dict(),
                      "ema": None, "epoch": -1, "best_fitness": None,
                      "converted_from": {"ffm_arithmetic": {"authors": [10, 13, 16, 19]}}}, path)

@@ -8,6 +8,12 @@ user's input rather than in the program.
 import sys
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception's first message line, at most ``limit`` characters (its type name when it has no message)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 class UserError(Exception):
     """A problem in the user's input; the message names the file/flag/value and the fix."""
 

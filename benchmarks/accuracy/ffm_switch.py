@@ -26,7 +26,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from utils.convert_checkpoint import with_authors_ffm, with_fixed_ffm
+from utils.foreign_checkpoint import with_authors_ffm, with_fixed_ffm
 from utils.files import yaml_load, yaml_save
 from utils.training.checkpoints import load_checkpoint, save_checkpoint
 from benchmarks.cli import parse_checked, parser_for

@@ -22,7 +22,7 @@ generator) with ``--batch-size 16 --workers 0 --noplots --device cpu`` and one t
 - ``ours, defaults``: our train.py with its default hyp.
 
 Each side's ``best.pt`` is then scored by our ``val.py`` (the authors' checkpoint converted by
-``utils.convert_checkpoint``, which keeps their FFM arithmetic), so the mAP columns use one metric; their
+``utils.foreign_checkpoint``, which keeps their FFM arithmetic), so the mAP columns use one metric; their
 own results.csv figure is shown beside it. Also per run: the first epoch with mAP50 > 0.001 (each side's
 own validation), seconds per epoch (the whole process over the epochs) and peak RSS. Finished runs under
 ``--out`` are reused, so the same command continues. ``--sides`` picks which of the three runs each cell
@@ -136,7 +136,7 @@ def score(job: dict, run: Path) -> float:
     """mAP50-95 of the run's best.pt by our val.py (the authors' checkpoint converted first)."""
     import val
     from models.yolo import Model
-    from utils.convert_checkpoint import convert
+    from utils.foreign_checkpoint import convert
     from utils.dataset.data_config import check_dataset
 
     weights = run / "weights" / "best.pt"

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from utils.env_vars import MLFLOW_HTTP_DEFAULTS, pass_on, read
+from utils.errors import first_line
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
 from utils.tracking.run_record import REPO_ROOT, finite_metrics, run_artifacts, run_params, run_tags
@@ -53,7 +54,7 @@ def plain_cause(error: BaseException) -> str:
     for markers, words in PLAIN_CAUSES:
         if any(marker in text.lower() for marker in markers):
             return words
-    return str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    return first_line(error, limit=300)
 
 
 def tracking_uri() -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from utils.errors import UserError
+from utils.errors import UserError, first_line
 from utils.files import atomic_open, plain_data as to_plain
 
 REQUIRED_KEYS = ("model_cfg", "model")
@@ -44,8 +44,7 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path}: not a readable checkpoint ({first_line[:200]}); "
+        raise UserError(f"{path}: not a readable checkpoint ({first_line(e)}); "
                         "it may be truncated, corrupt or from another program") from None
     except Exception as e:  # torch raises UnpicklingError subclasses for foreign pickles
         raise UserError(f"{path}: not a safe checkpoint of this project ({type(e).__name__}): only plain files load; "
@@ -61,9 +60,14 @@ def float_weights(state_dict: dict) -> dict:
     return {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
 
 
+def stored_weights(ckpt: dict):
+    """A checkpoint's weights as stored: the EMA when present, else the model."""
+    return ckpt.get("ema") or ckpt.get("model")
+
+
 def inference_weights(ckpt: dict, path) -> dict:
     """The weights to use from a checkpoint: the EMA when present, else the model, in fp32."""
-    state = ckpt.get("ema") or ckpt["model"]
+    state = stored_weights(ckpt)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path}: the checkpoint's weights are not a state dict; "
                         "re-save it with this project's train.py")

@@ -13,30 +13,21 @@ holding the final state is stripped and checksummed (from the file), never a sta
 
 import time
 from copy import deepcopy
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 import torch
 
-from utils.training.checkpoints import float_weights, load_checkpoint, save_checkpoint, state_dict_sha256, to_plain
-from utils.env_vars import read
-from utils.errors import UserError
+from utils.training.checkpoints import (float_weights, load_checkpoint, save_checkpoint, state_dict_sha256,
+                                        stored_weights, to_plain)
+from utils.errors import UserError, first_line
 from utils.files import remove_orphaned_temp_files
 from utils.logging import LOGGER
 from utils.determinism.reproducibility import record_checksum
 from utils.rng_state import get_rng_state
 from utils.torch_utils import de_parallel
 from utils.torchvision_ops import version as torchvision_version
-
-
-# Test-only: the GPU proof's kill-and-resume row sets this so a run SIGKILLs itself right after saving
-# batch N of epoch 0, a point fixed by the run's own progress rather than by when a watcher looks.
-SIGKILL_AFTER_BATCH_ENV = "YOLO_SIGKILL_AFTER_BATCH"
-
-
-def sigkill_after_batch() -> int:
-    """The batch count after which epoch 0 saves ``last.pt`` and SIGKILLs its own process; 0 = never."""
-    return read(SIGKILL_AFTER_BATCH_ENV)
 
 
 def cloned_state(state_dict: dict) -> dict:
@@ -49,14 +40,36 @@ def plain_opt(opt) -> dict:
     return to_plain(dict(vars(opt)))
 
 
-def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, position, best_fitness,
-                   last_opt_step, mloss, opt, hyp, world_size=1, cuda_rng_by_rank=None) -> dict:
+@dataclass
+class Optimisation:
+    """The live objects a training state is captured from and restored into."""
+
+    model: torch.nn.Module  # possibly DDP-wrapped
+    ema: object  # utils.torch_utils.ModelEMA, or None off the main process
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: torch.amp.GradScaler
+    stopper: object  # utils.torch_utils.EarlyStopping
+
+
+@dataclass
+class Progress:
+    """How far a run has got, beyond its weights: stored in every checkpoint, restored on --resume."""
+
+    mloss: torch.Tensor = field(default_factory=lambda: torch.zeros(3))  # the epoch's running mean losses
+    best_fitness: float = 0.0
+    last_opt_step: int = -1  # the global batch index of the last optimizer step
+    skipped: int = 0  # batches of this epoch skipped for a non-finite loss (--nan-policy skip)
+
+
+def training_state(parts: Optimisation, progress: Progress, position, *, opt, hyp, world_size=1,
+                   cuda_rng_by_rank=None) -> dict:
     """Capture the full training state; ``position = (epoch, next_batch)`` is where to continue.
 
     ``cuda_rng_by_rank``: every rank's CUDA generator state on its training device, gathered by the
     caller (one entry outside DDP; see :func:`utils.rng_state.get_rng_state`).
     """
-    m = de_parallel(model)
+    m, ema = de_parallel(parts.model), parts.ema
     return {
         "model_cfg": deepcopy(m.yaml),
         "nc": int(m.nc),
@@ -64,18 +77,19 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
         "model": cloned_state(m.state_dict()),
         "ema": cloned_state(ema.ema.state_dict()) if ema else None,
         "updates": int(ema.updates) if ema else 0,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": to_plain(scheduler.state_dict()),
-        "scaler": scaler.state_dict(),
-        "amp": bool(scaler.is_enabled()),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": to_plain(parts.scheduler.state_dict()),
+        "scaler": parts.scaler.state_dict(),
+        "amp": bool(parts.scaler.is_enabled()),
         "grads": [None if p.grad is None else p.grad.detach().cpu().clone() for p in m.parameters()],
         "epoch": int(position[0]) - 1,
         "next_position": [int(position[0]), int(position[1])],
         "world_size": int(world_size),
-        "best_fitness": float(best_fitness),
-        "last_opt_step": int(last_opt_step),
-        "mloss": mloss.detach().cpu().clone(),
-        "stopper": stopper.state_dict(),
+        "best_fitness": float(progress.best_fitness),
+        "last_opt_step": int(progress.last_opt_step),
+        "mloss": progress.mloss.detach().cpu().clone(),
+        "skipped": int(progress.skipped),
+        "stopper": parts.stopper.state_dict(),
         "rng": get_rng_state(cuda_by_rank=cuda_rng_by_rank),
         "opt": plain_opt(opt),
         "hyp": to_plain(dict(hyp)),
@@ -84,9 +98,8 @@ def training_state(*, model, ema, optimizer, scheduler, scaler, stopper, positio
     }
 
 
-def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scaler, stopper, device,
-                           world_size=1):
-    """Load a captured state into live objects; returns (epoch, batch, best_fitness, last_opt_step, mloss).
+def restore_training_state(ckpt: dict, parts: Optimisation, device, world_size=1) -> tuple:
+    """Load a captured state into live objects; returns ``((epoch, batch), Progress)``.
 
     The model's own weights are loaded when it is built; the RNG state is restored by the caller
     right before the first batch, after any start-up work that draws random numbers.
@@ -96,19 +109,20 @@ def restore_training_state(ckpt: dict, *, model, ema, optimizer, scheduler, scal
         raise UserError(f"--resume: this checkpoint was written mid-epoch by {ckpt.get('world_size', 1)} "
                         f"process(es); resume it with the same number (now {world_size}), because the batch "
                         "position depends on how the data set is sharded")
-    if ema is not None and ckpt.get("ema") is not None:
-        ema.ema.load_state_dict(float_weights(ckpt["ema"]))
-        ema.updates = int(ckpt["updates"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
+    if parts.ema is not None and ckpt.get("ema") is not None:
+        parts.ema.ema.load_state_dict(float_weights(ckpt["ema"]))
+        parts.ema.updates = int(ckpt["updates"])
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    parts.scheduler.load_state_dict(ckpt["scheduler"])
     if ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
-    params = list(de_parallel(model).parameters())
+        parts.scaler.load_state_dict(ckpt["scaler"])
+    params = list(de_parallel(parts.model).parameters())
     for param, grad in zip(params, ckpt.get("grads") or [None] * len(params)):
         param.grad = None if grad is None else grad.to(device)
-    stopper.load_state_dict(ckpt["stopper"])
-    mloss = ckpt["mloss"].to(device)
-    return int(epoch), int(batch), float(ckpt["best_fitness"]), int(ckpt["last_opt_step"]), mloss
+    parts.stopper.load_state_dict(ckpt["stopper"])
+    progress = Progress(mloss=ckpt["mloss"].to(device), best_fitness=float(ckpt["best_fitness"]),
+                        last_opt_step=int(ckpt["last_opt_step"]), skipped=int(ckpt.get("skipped", 0)))
+    return (int(epoch), int(batch)), progress
 
 
 def strip_optimizer(path, on_commit=None) -> str:
@@ -119,7 +133,7 @@ def strip_optimizer(path, on_commit=None) -> str:
     the file as it was.
     """
     ckpt = load_checkpoint(path)
-    weights = ckpt.get("ema") or ckpt["model"]
+    weights = stored_weights(ckpt)
     checksum = state_dict_sha256(weights)
     ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in weights.items()}
     for key in ("ema", "optimizer", "scheduler", "scaler", "grads", "rng", "mloss"):
@@ -153,8 +167,7 @@ def error_text(error: Exception) -> str:
     """The short reason of a failed write, e.g. 'No space left on device'."""
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
-    text = str(error).strip().splitlines()
-    return text[0][:200] if text else type(error).__name__
+    return first_line(error)
 
 
 class CheckpointSaver:
@@ -331,10 +344,5 @@ class CheckpointSaver:
             return strip_optimizer(path, on_commit=on_commit)
         except (OSError, RuntimeError) as e:
             LOGGER.warning(f"Could not strip {path} ({error_text(e)}); it keeps the full training state")
-            return state_dict_sha256(_stored_weights(path))
+            return state_dict_sha256(stored_weights(load_checkpoint(path)))
 
-
-def _stored_weights(path) -> dict:
-    """The EMA (else model) weights a checkpoint file holds, as stored."""
-    ckpt = load_checkpoint(path)
-    return ckpt.get("ema") or ckpt["model"]

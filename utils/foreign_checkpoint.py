@@ -1,6 +1,6 @@
 """Convert an upstream YOLOv5 (v6/v7) or FFCA-YOLO authors' checkpoint into this project's plain checkpoint.
 
-Usage: ``python -m utils.convert_checkpoint SRC.pt DST.pt`` then ``python train.py --weights DST.pt ...``
+Usage: ``python convert_checkpoint.py SRC.pt DST.pt`` (the command line; this module is its library) then ``python train.py --weights DST.pt ...``
 
 Those checkpoints pickle whole model objects. :func:`read_foreign_checkpoint` parses them with an unpickler that resolves only an allow-list of globals (tensor and storage
 rebuilding, ``OrderedDict``, ``set``); every other global, module classes and functions such as
@@ -8,7 +8,7 @@ rebuilding, ``OrderedDict``, ``set``); every other global, module classes and fu
 state. Nothing named by the file is imported or called, so no ``__reduce__`` payload can execute.
 
 The converter then takes the model YAML stored in the checkpoint, builds this project's model from
-it (in :func:`main`; utils/ does not import models/ at module level), fills every parameter and
+it (the model class is passed in to :func:`convert`; utils/ does not import models/), fills every parameter and
 buffer from the file's tensors (by name, else by order and shape within each layer), fails unless
 every tensor of the file was used, and saves a plain ``weights_only`` checkpoint atomically.
 FFM layers pickled by the authors' FFCA-YOLO code (any FFM class not from this project's
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from utils.training.checkpoints import save_checkpoint
+from utils.training.checkpoints import save_checkpoint, stored_weights
 from utils.errors import UserError
 from utils.logging import LOGGER
 
@@ -158,7 +158,7 @@ def foreign_model(ckpt, path) -> tuple[dict, list, dict, str, dict]:
     (else model) in a foreign checkpoint."""
     if not isinstance(ckpt, dict):
         raise UserError(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
-    model = ckpt.get("ema") or ckpt.get("model")
+    model = stored_weights(ckpt)
     if not isinstance(model, Placeholder) or not isinstance(model.state, dict):
         raise UserError(f"{path}: no pickled model under 'ema' or 'model'; is this a YOLOv5/FFCA-YOLO checkpoint?")
     cfg = model.state.get("yaml")

@@ -1,0 +1,76 @@
+"""YOLOv5's callbacks: the one extension point of a training run.
+
+A user registers functions on named hooks and passes the object to ``train.run(callbacks=...)``::
+
+    from utils.callbacks import Callbacks
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_fit_epoch_end", "print-map", lambda vals, epoch, best, fi: print(epoch, vals[5]))
+    train.run(data="data/shapes.yaml", cfg="models/ffca-yolo-n.yaml", callbacks=callbacks)
+
+The hook names and methods are YOLOv5's, so a YOLOv5 user's callback code works unchanged. Which hooks
+a run calls, with which arguments and in which order, is in docs/training.md ("Callbacks"); the
+others are accepted (YOLOv5 declares them) but never called by this project. Hooks run on the main
+process only (rank 0 under DDP), as in YOLOv5.
+
+A callback that raises stops the run: :class:`CallbackError` is one line naming the hook and the
+callback, and ``last.pt`` is left as the last complete state written before it.
+"""
+
+from utils.errors import UserError, first_line
+
+HOOKS = (
+    "on_pretrain_routine_start", "on_pretrain_routine_end",
+    "on_train_start", "on_train_epoch_start", "on_train_batch_start", "optimizer_step", "on_before_zero_grad",
+    "on_train_batch_end", "on_train_epoch_end",
+    "on_val_start", "on_val_batch_start", "on_val_image_end", "on_val_batch_end", "on_val_end",
+    "on_fit_epoch_end", "on_model_save", "on_train_end", "on_params_update", "teardown",
+)
+
+
+class CallbackError(UserError):
+    """A registered callback raised; the run stops with this one line."""
+
+
+class Callbacks:
+    """Named hooks, each holding callbacks that run in the order they were registered."""
+
+    def __init__(self):
+        self._callbacks = {hook: [] for hook in HOOKS}
+
+    def register_action(self, hook: str, name: str = "", callback=None) -> None:
+        """Add ``callback`` (any callable) to ``hook``; ``name`` identifies it in lists and errors."""
+        if hook not in self._callbacks:
+            raise ValueError(f"callback hook '{hook}' does not exist; use one of: {', '.join(HOOKS)}")
+        if not callable(callback):
+            raise TypeError(f"callback '{name}' on hook '{hook}' is {type(callback).__name__}, not a callable")
+        self._callbacks[hook].append({"name": name, "callback": callback})
+
+    def get_registered_actions(self, hook: str | None = None):
+        """The ``{'name', 'callback'}`` entries of ``hook``, or of every hook as a dict when ``hook`` is None."""
+        return self._callbacks[hook] if hook else self._callbacks
+
+    def run(self, hook: str, *args, **kwargs) -> None:
+        """Call every callback of ``hook`` with the arguments; one that raises becomes :class:`CallbackError`."""
+        if hook not in self._callbacks:
+            raise ValueError(f"callback hook '{hook}' does not exist; use one of: {', '.join(HOOKS)}")
+        for action in self._callbacks[hook]:
+            try:
+                action["callback"](*args, **kwargs)
+            except UserError:
+                raise
+            except Exception as e:
+                raise CallbackError(f"callback '{action['name']}' on hook '{hook}' raised {type(e).__name__}: "
+                                    f"{first_line(e)}; the run stopped there") from e
+
+    def extended(self, other: "Callbacks | None") -> "Callbacks":
+        """A new object with this one's callbacks, then ``other``'s, per hook (neither is changed)."""
+        merged = Callbacks()
+        for source in (self, other):
+            if source is None:
+                continue
+            if not isinstance(source, Callbacks):
+                raise UserError(f"callbacks={type(source).__name__}: expected a utils.callbacks.Callbacks object")
+            for hook, actions in source.get_registered_actions().items():
+                merged._callbacks[hook].extend(actions)
+        return merged
