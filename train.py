@@ -8,69 +8,53 @@ Usage (YOLOv5's flags and meanings):
 """
 
 import argparse
-import os
-import signal
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
+
+import val as validate
+from models.experimental import attempt_load, check_fit, stored_model
+from models.yolo import Model
+from utils.autoanchor import check_anchors
+from utils.autobatch import check_train_batch_size
+from utils.callbacks import Callbacks
+from utils.dataloaders import create_dataloader
+from utils.dataset.data_config import check_dataset
+from utils.dataset.tiles import box_scale, resolve_tile_size
+from utils.ddp import (DistInfo, barrier, check_ddp_batch, destroy_process_group, dist_info_from_env,
+                       init_process_group, per_rank_batch_size)
+from utils.determinism.audit_cache import start_up_audit
+from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json
+from utils.errors import UserError, exit_on_user_error
+from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp
+from utils.files import increment_path, yaml_load
+from utils.logging import LOGGER, colorstr
+from utils.metrics import ValMetrics
+from utils.ops import check_img_size
+from utils.options import (TRAIN_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags, check_options,
+                           merge_resumed_options, typed_flags)
+from utils.out_of_memory import out_of_memory_hint
+from utils.plots import plot_labels, plot_results
+from utils.rng_state import set_rng_state
+from utils.torch_utils import (MODES, configure_determinism, freeze_layers, grid_size, intersect_dicts,
+                               prepare_cuda_environment, select_device)
+from utils.tracking import LOGGERS, check_loggers, start_tracking
+from utils.training.amp import amp_for_run
+from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint
+from utils.training.evolve import META, evolve
+from utils.training.hooks import run_callbacks, training_hooks
+from utils.training.interrupts import exit_after_interrupt
+from utils.training.loop import RunContext, TrainLoop
+from utils.training.lost_peer import exit_on_lost_peer
+from utils.training.next_steps import next_steps
+from utils.training.nonfinite import NAN_POLICIES
+from utils.training.results_log import ResultsLog
+from utils.training.run_folder import check_run_folder_free, claim_run_folder, held_run_folder, latest_checkpoint
+from utils.training.run_state import CheckpointSaver
 
 ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-import val as validate  # noqa: E402
-from models.experimental import attempt_load, check_fit, stored_model  # noqa: E402
-from models.yolo import Model  # noqa: E402
-from utils.training.amp import amp_for_run  # noqa: E402
-from utils.training.next_steps import next_steps  # noqa: E402
-from utils.autoanchor import check_anchors  # noqa: E402
-from utils.augmentations import random_rescale  # noqa: E402
-from utils.autobatch import check_train_batch_size  # noqa: E402
-from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint  # noqa: E402
-from utils.dataset.data_config import check_dataset  # noqa: E402
-from utils.dataset.tiles import box_scale, resolve_tile_size  # noqa: E402
-from utils.dataloaders import create_dataloader  # noqa: E402
-from utils.ddp import (DistInfo, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
-                       destroy_process_group, dist_info_from_env, gather_objects, init_process_group,
-                       max_over_ranks, per_rank_batch_size, rank_ordered_mean_hook)
-from utils.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
-from utils.files import increment_path, yaml_load  # noqa: E402
-from utils.training.interrupts import GracefulInterrupt, exit_after_interrupt  # noqa: E402
-from utils.training.lost_peer import exit_on_lost_peer  # noqa: E402
-from utils.logging import LOGGER, colorstr  # noqa: E402
-from utils.loss import ComputeLoss, scale_loss_gains  # noqa: E402
-from utils.metrics import fitness  # noqa: E402
-from utils.training.evolve import META, evolve  # noqa: E402
-from utils.options import (TRAIN_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
-                           check_options, merge_resumed_options, typed_flags)
-from utils.ops import check_img_size  # noqa: E402
-from utils.out_of_memory import out_of_memory_hint  # noqa: E402
-from utils.plots import plot_images, plot_labels, plot_results  # noqa: E402
-from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json  # noqa: E402
-from utils.training.results_log import ResultsLog  # noqa: E402
-from utils.tracking import LOGGERS, check_loggers, start_tracking  # noqa: E402
-from utils.training.run_folder import (check_run_folder_free, claim_run_folder, held_run_folder,  # noqa: E402
-                                       latest_checkpoint)
-from utils.training.run_state import (CheckpointSaver, plain_opt, restore_training_state,  # noqa: E402
-                                      sigkill_after_batch, training_state)
-from utils.size_metrics import band_row  # noqa: E402
-from utils.training.schedule import apply_warmup, lr_lambda  # noqa: E402
-from utils.determinism.audit_cache import start_up_audit  # noqa: E402
-from utils.rng_state import cuda_rng_state, set_rng_state  # noqa: E402
-from utils.torch_utils import (MODES, DeterminismPolicy, EarlyStopping, ModelEMA,  # noqa: E402
-                               configure_determinism, de_parallel, freeze_layers, intersect_dicts,
-                               optimizer_step, prepare_cuda_environment, select_device, smart_optimizer)
-
-NOMINAL_BATCH = 64  # YOLOv5's nominal batch size: gradients accumulate up to it
 DEFAULT_DATA = ROOT / "data" / "shapes.yaml"
 DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 DEFAULT_PROJECT = ROOT / "runs" / "train"
@@ -116,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-period", type=int, default=-1, help="save a checkpoint every x epochs (disabled if < 1)")
     p.add_argument("--save-interval", type=float, default=30.0,
                    help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
+    p.add_argument("--nan-policy", choices=NAN_POLICIES, default="stop",
+                   help="a batch with a NaN/inf loss: stop (save the state before it) or skip it (counted in results.csv)")
     p.add_argument("--seed", type=int, default=0, help="global training seed")
     p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="DDP rank (torchrun sets LOCAL_RANK)")
     p.add_argument("--logger", action="append", choices=LOGGERS, default=[], help="also log to a tracker (repeatable)")
@@ -129,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers", "save_interval"),
                           files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),),
                           repo_yamls=("cfg", "hyp", "data"))
-RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience"}
+RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience", "nan_policy"}
 # the rules of TRAIN_RULES on flags a resume may change (the checkpoint's own values passed them when it began)
 RESUME_RULES = OptionRules(non_negative=TRAIN_RULES.non_negative)
 
@@ -212,38 +198,13 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
 # ---------------------------------------------------------------------------------------- train
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """One training run's settings and collaborators, built once (complete) by :func:`train`, read by the loop."""
+def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: Callbacks | None = None):
+    """Train one model; returns the final (P, R, mAP50, mAP50-95, box, obj, cls) of the last validation.
 
-    opt: argparse.Namespace
-    device: torch.device
-    dist: DistInfo
-    policy: DeterminismPolicy
-    save_dir: Path
-    data_dict: dict
-    names: list
-    imgsz: int
-    batch_size: int  # total over all ranks (YOLOv5's --batch-size)
-    per_rank_batch: int
-    plots: bool
-    train_loader: Any
-    val_loader: Any  # None on the other DDP ranks: only the main process validates
-    results_log: ResultsLog
-    saver: CheckpointSaver
-
-    @property
-    def weights_dir(self) -> Path:
-        return self.save_dir / "weights"
-
-    @property
-    def nc(self) -> int:
-        return len(self.names)
-
-
-def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
-    """Train one model; returns the final (P, R, mAP50, mAP50-95, box, obj, cls) of the last validation."""
+    ``callbacks``: the user's :class:`utils.callbacks.Callbacks`, run on the main process (docs/training.md)."""
     hyp = dict(hyp)
+    user_callbacks = Callbacks().extended(callbacks if dist.is_main else None)
+    user_callbacks.run("on_pretrain_routine_start")
     policy = configure_determinism(opt.deterministic, opt.seed, dist.rank)
     LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
 
@@ -252,29 +213,40 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None):
     model = build_model(opt, hyp, len(names), names, device, resume_ckpt)
     freeze_layers(model, opt.freeze)
     amp = amp_for_run(model, resume_ckpt)
-    grid_size = max(int(model.stride.max()), 32)
-    imgsz = check_img_size(opt.imgsz, grid_size, floor=grid_size * 2)
-    opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid_size, resume_ckpt, opt.rect)
+    grid = grid_size(model)
+    imgsz = check_img_size(opt.imgsz, grid, floor=grid * 2)
+    opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid, resume_ckpt, opt.rect)
     audit, audit_path = start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     per_rank_batch = per_rank_batch_size(opt, dist)
-    train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid_size)
+    train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid)
     # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
     save_dir = claim_run_folder(opt) if dist.is_main else Path(opt.save_dir)
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
                      plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
-                     results_log=ResultsLog(save_dir / "results.csv"),
-                     saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt))
+                     saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt), validate=validate.run)
     with held_run_folder(opt, hyp, dist.is_main):
-        loop = start_loop(ctx, model, hyp, amp, dataset, resume_ckpt, audit, audit_path)
-        with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as ctx.results_log.mirror, \
+        results_log = ResultsLog(save_dir / "results.csv")
+        loop = start_loop(ctx, model, hyp, amp, dataset, resume_ckpt, audit, audit_path, results_log)
+        user_callbacks.run("on_pretrain_routine_end", dataset_labels(dataset), names)
+        with start_tracking(opt, save_dir, dist.is_main, loop.start_epoch) as trackers, \
                 out_of_memory_hint("training", per_rank_batch, imgsz, device, saved=ctx.saver.describe):
-            return report_run_end(ctx, loop, *loop.run())
+            if dist.is_main:
+                own = run_callbacks(results_log, trackers, ctx.plots, save_dir, names)
+                loop.callbacks = own.extended(user_callbacks)
+            return report_run_end(ctx, loop, *loop.run(training_hooks(loop)))
 
 
-def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckpt, audit, audit_path) -> "TrainLoop":
+def dataset_labels(dataset) -> np.ndarray:
+    """All training labels (class, x, y, w, h) in one array, as YOLOv5 passes them to its callbacks."""
+    labels = [lb for lb in dataset.labels if len(lb)]
+    return np.concatenate(labels, 0) if labels else np.zeros((0, 5))
+
+
+def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckpt, audit, audit_path,
+               results_log: ResultsLog) -> TrainLoop:
     """The training loop at its first step: a new run's labels and anchors checked, or a resumed run's state
     restored (its random state last: start-up work may draw numbers); determinism.json written."""
     if resume_ckpt is None:
@@ -285,7 +257,7 @@ def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckp
     loop = TrainLoop(ctx, model, hyp, amp)
     if resume_ckpt is not None:
         loop.restore(resume_ckpt)
-        ctx.results_log.truncate(loop.start_epoch)
+        results_log.truncate(loop.start_epoch)
         LOGGER.info(f"Resuming {ctx.opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
     loop.wrap_ddp()
     if ctx.dist.is_main:
@@ -297,11 +269,12 @@ def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckp
     return loop
 
 
-def report_run_end(ctx: RunContext, loop, results, last_epoch):
+def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
     """After the loop: exit on an interrupt, else finish the run on the main process; returns results."""
     if loop.interrupted:
         exit_after_interrupt(loop.interrupt_code, ctx.saver.describe(), ctx.saver.resume_command(ctx.dist.world_size),
                              ctx.dist.is_main)
+    results = results if results is not None else ValMetrics()
     if ctx.dist.is_main:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
         final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
@@ -310,22 +283,24 @@ def report_run_end(ctx: RunContext, loop, results, last_epoch):
         LOGGER.info(f"{colorstr('guarantee: ')}{run_guarantee(ctx.policy)}")
         if not ctx.opt.evolve:
             LOGGER.info(next_steps(final_file, ctx.opt.data, ctx.data_dict["val"], ctx.imgsz, results))
+        best = ctx.saver.best if ctx.saver.best.is_file() else None
+        loop.callbacks.run("on_train_end", ctx.saver.last, best, last_epoch, results)
     barrier(ctx.dist)
     return results
 
 
-def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid_size: int):
+def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid: int):
     """Training loader (sharded under DDP) and, on the main process, the validation loader."""
     nc = data_dict["nc"]
     train_loader, dataset = create_dataloader(
-        data_dict["train"], imgsz, per_rank_batch, grid_size, single_cls=opt.single_cls, hyp=hyp,
+        data_dict["train"], imgsz, per_rank_batch, grid, single_cls=opt.single_cls, hyp=hyp,
         augment=True, cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
         image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
         nc=nc, train_tiles=opt.train_tiles, reduced_decode=opt.reduced_decode)
     val_loader = None
     if dist.is_main:
         val_loader = create_dataloader(
-            data_dict["val"], imgsz, per_rank_batch * 2, grid_size, single_cls=opt.single_cls, hyp=hyp,
+            data_dict["val"], imgsz, per_rank_batch * 2, grid, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
             prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode)[0]
     return train_loader, dataset, val_loader
@@ -339,195 +314,7 @@ def prepare_new_run(dataset, model, hyp: dict, ctx: RunContext) -> None:
     elif isinstance(model.yaml.get("anchors"), int):
         LOGGER.warning("--noautoanchor with 'anchors: N' in the model YAML: training with placeholder anchors")
     if ctx.plots and ctx.dist.is_main:
-        labels = [lb for lb in dataset.labels if len(lb)]
-        plot_labels(np.concatenate(labels, 0) if labels else np.zeros((0, 5)), ctx.names, ctx.save_dir)
-
-
-class TrainLoop:
-    """The optimisation loop and its state (model, EMA, optimizer, scheduler, scaler, early stopping)."""
-
-    def __init__(self, ctx: RunContext, model, hyp: dict, amp: bool):
-        self.ctx, self.opt, self.device, self.dist, self.amp = ctx, ctx.opt, ctx.device, ctx.dist, amp
-        # channels-last convolutions are ~1.4x faster for YOLOv5n on CPU (oneDNN) and suit tensor cores
-        self.model = model.to(memory_format=torch.channels_last)
-        self.hyp_for_checkpoint = dict(hyp)
-        hyp = dict(hyp)
-        self.accumulate_nbs = max(round(NOMINAL_BATCH / ctx.batch_size), 1)
-        hyp["weight_decay"] *= ctx.batch_size * self.accumulate_nbs / NOMINAL_BATCH
-        self.optimizer = smart_optimizer(model, self.opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-        self.lf = lr_lambda(hyp["lrf"], self.opt.epochs, self.opt.cos_lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
-        self.ema = ModelEMA(model) if ctx.dist.is_main else None
-        self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
-        self.stopper = EarlyStopping(patience=self.opt.patience)
-        self.hyp = scale_loss_gains(hyp, model.model[-1].nl, ctx.nc, ctx.imgsz)
-        self.grid_size = max(int(model.stride.max()), 32)
-        self.progress_every = 10 if self.device.type == "cuda" else 1  # the text reads losses: waits for the GPU
-        self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step = 0, 0, 0.0, -1
-        self.mloss = torch.zeros(3, device=self.device)
-        self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
-        self.stop_signal = 0  # the signal any rank received, shared by all ranks at each batch
-        self.compute_loss, self.n_warmup = None, 0
-        self.sigkill_after = sigkill_after_batch()
-
-    def restore(self, ckpt) -> None:
-        (self.start_epoch, self.start_batch, self.best_fitness, self.last_opt_step,
-         self.mloss) = restore_training_state(
-            ckpt, model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler,
-            scaler=self.scaler, stopper=self.stopper, device=self.device, world_size=self.dist.world_size)
-
-    def wrap_ddp(self) -> None:
-        if not self.dist.enabled:
-            return
-        cuda = self.device.type == "cuda"
-        if self.opt.sync_bn and not cuda:
-            LOGGER.warning("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU kernel); ignored")
-        elif self.opt.sync_bn:
-            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model).to(self.device)
-            LOGGER.info("Using SyncBatchNorm()")
-        self.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
-                         output_device=self.dist.local_rank if cuda else None)
-        if self.ctx.policy.mode != "off":  # reproducible sums at any world size, also across a resume
-            self.model.register_comm_hook(None, rank_ordered_mean_hook)
-
-    def gather_cuda_rng(self) -> list:
-        """Every rank's CUDA generator state on its training device, for the checkpoint (all ranks must
-        call it); not the current device's, which ``train.run(device="1")`` may not have changed."""
-        return gather_objects(cuda_rng_state(self.device), self.dist)
-
-    def state(self, position, cuda_rng=None) -> dict:
-        """The resumable training state at ``position = (epoch, next_batch)``."""
-        return training_state(
-            model=self.model, ema=self.ema, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
-            stopper=self.stopper, position=position, best_fitness=self.best_fitness,
-            last_opt_step=self.last_opt_step, mloss=self.mloss, opt=self.opt, hyp=self.hyp_for_checkpoint,
-            world_size=self.dist.world_size, cuda_rng_by_rank=cuda_rng)
-
-    def run(self):
-        """All epochs; returns (last validation results, last epoch index)."""
-        self.compute_loss = ComputeLoss(de_parallel(self.model), self.hyp)
-        nb = len(self.ctx.train_loader)
-        self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
-        results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
-        with GracefulInterrupt(describe_saved=self.ctx.saver.describe) as interrupt:
-            self.announce()
-            for epoch in range(self.start_epoch, self.opt.epochs):
-                first_batch = self.start_batch if epoch == self.start_epoch else 0
-                finished = self.train_epoch(epoch, first_batch, interrupt)
-                if not finished:
-                    break
-                lr = [group["lr"] for group in self.optimizer.param_groups]
-                self.scheduler.step()
-                stop, cuda_rng = False, self.gather_cuda_rng()
-                if self.dist.is_main:
-                    results, stop = self.end_epoch(epoch, lr, cuda_rng)
-                stop = bool(broadcast_object(stop, self.dist))
-                if self.interrupted or stop:
-                    break
-            # a rank stopped by another rank's signal exits as that rank does (128 + the signal), not with 1
-            self.interrupt_code = 128 + self.stop_signal if self.stop_signal else interrupt.exit_code
-        if self.interrupted and finished and epoch + 1 == self.opt.epochs:
-            self.interrupted = False  # the signal came during the last batch: the run is complete
-        self.elapsed_hours = (time.time() - t0) / 3600
-        return results, epoch
-
-    def announce(self) -> None:
-        LOGGER.info(f"Image sizes {self.ctx.imgsz} train, {self.ctx.imgsz} val\n"
-                    f"Using {self.ctx.train_loader.num_workers} dataloader workers\n"
-                    f"Logging results to {colorstr('bold', self.ctx.save_dir)}\n"
-                    f"Starting training for {self.opt.epochs} epochs...")
-
-    def train_epoch(self, epoch: int, first_batch: int, interrupt) -> bool:
-        """One epoch from ``first_batch``; False if an interrupt stopped it before its last batch."""
-        ctx, main = self.ctx, self.dist.is_main
-        loader, nb = ctx.train_loader, len(ctx.train_loader)
-        self.model.train()
-        if first_batch == 0:
-            self.mloss = torch.zeros(3, device=self.device)
-            self.optimizer.zero_grad()  # YOLOv5 drops an epoch's unfinished accumulation
-        loader.set_epoch(epoch, start_batch=first_batch)
-        if main:
-            LOGGER.info(("\n" + "%11s" * 7) % ("Epoch", "GPU_mem", "box_loss", "obj_loss", "cls_loss",
-                                              "Instances", "Size"))
-        pbar = tqdm(enumerate(loader, start=first_batch), total=nb, initial=first_batch, disable=not main,
-                    bar_format="{l_bar}{bar:10}{r_bar}")
-        for i, (imgs, targets, paths, _) in pbar:
-            loss_items = self.train_step(imgs, targets, epoch, i, nb)
-            self.mloss = (self.mloss * i + loss_items) / (i + 1)
-            if main:
-                self.show_progress(pbar, epoch, imgs, targets, paths, i, nb)
-            interval_save = main and ctx.saver.interval_due() and not self.opt.nosave
-            self.stop_signal, save_now = max_over_ranks([interrupt.requested, interval_save], self.dist)
-            self.interrupted = bool(self.stop_signal)
-            if self.interrupted and not interrupt.requested and main:
-                LOGGER.warning(f"{signal.Signals(self.stop_signal).name} received by another rank: "
-                               "stopping after this step on every rank")
-            if i + 1 < nb and (self.interrupted or save_now):
-                cuda_rng = self.gather_cuda_rng()
-                if main:
-                    ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng), required=not self.interrupted)
-                if self.interrupted:
-                    return False
-            if epoch == 0 and i + 1 == self.sigkill_after and i + 1 < nb:
-                cuda_rng = self.gather_cuda_rng()
-                if main:
-                    ctx.saver.save_last(self.state((epoch, i + 1), cuda_rng), required=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-        return True
-
-    def show_progress(self, pbar, epoch: int, imgs, targets, paths, i: int, nb: int) -> None:
-        """Progress text every ``progress_every`` batches and at the last; epoch 0's first 3 batches drawn."""
-        if i % self.progress_every == 0 or i + 1 == nb:
-            memory = f"{torch.cuda.memory_reserved() / 1e9 if torch.cuda.is_available() else 0:.3g}G"
-            pbar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
-                f"{epoch}/{self.opt.epochs - 1}", memory, *self.mloss, targets.shape[0], imgs.shape[-1]))
-        if self.ctx.plots and epoch == 0 and i < 3:
-            plot_images(imgs, targets, paths, self.ctx.save_dir / f"train_batch{i}.jpg", self.ctx.names)
-
-    def train_step(self, imgs, targets, epoch: int, i: int, nb: int):
-        """Forward, scoped backward, and an optimizer step when enough gradient has accumulated."""
-        ni = i + nb * epoch
-        imgs = imgs.to(self.device, non_blocking=True).float().div_(255)
-        imgs = imgs.contiguous(memory_format=torch.channels_last)
-        accumulate = self.accumulate_nbs
-        if ni < self.n_warmup:
-            accumulate = apply_warmup(self.optimizer, ni, self.n_warmup, epoch, self.lf, self.hyp, self.accumulate_nbs)
-        if self.opt.multi_scale:
-            imgs = random_rescale(imgs, self.ctx.imgsz, self.grid_size, self.opt.seed, epoch, i)
-        with torch.autocast(self.device.type, enabled=self.amp):
-            pred = self.model(imgs)
-            loss, loss_items = self.compute_loss(pred, targets.to(self.device, non_blocking=True))
-            if self.dist.enabled:
-                loss *= self.dist.world_size
-            if self.opt.quad:
-                loss *= 4.0
-        with self.ctx.policy.backward_scope():
-            self.scaler.scale(loss).backward()
-        if ni - self.last_opt_step >= accumulate:
-            optimizer_step(self.model, self.optimizer, self.scaler, self.ema)
-            self.last_opt_step = ni
-        return loss_items
-
-    def end_epoch(self, epoch: int, lr: list, cuda_rng):
-        """Validate, log results.csv, early-stop check, save checkpoints (main process only)."""
-        ctx, opt = self.ctx, self.opt
-        self.ema.update_attr(de_parallel(self.model), include=["yaml", "nc", "names", "stride"])
-        final_epoch = epoch + 1 == opt.epochs or self.stopper.possible_stop
-        results, bands = (0, 0, 0, 0, 0, 0, 0), None
-        if not opt.noval or final_epoch:
-            checked = validate.run(
-                ctx.data_dict, batch_size=ctx.per_rank_batch, imgsz=ctx.imgsz, half=self.amp, model=self.ema.ema,
-                single_cls=opt.single_cls, dataloader=ctx.val_loader, save_dir=ctx.save_dir, plots=False,
-                compute_loss=self.compute_loss, names=ctx.names, size_bands=True)
-            results, bands = checked.metrics, checked.bands
-        fi = float(fitness(np.array(results).reshape(1, -1))[0])
-        stop = self.stopper(epoch=epoch, fitness=fi)
-        self.best_fitness = max(self.best_fitness, fi)
-        improved = fi == self.best_fitness  # YOLOv5 also rewrites best.pt on a tie
-        ctx.results_log.append(epoch, [*self.mloss.tolist(), *results, *lr, *band_row(bands)])
-        if not opt.nosave or final_epoch or stop or self.interrupted:
-            ctx.saver.save_epoch(self.state((epoch + 1, 0), cuda_rng), epoch, improved)
-        return results, stop
+        plot_labels(dataset_labels(dataset), ctx.names, ctx.save_dir)
 
 
 def finish_run(ctx: RunContext, final: tuple, results):
@@ -549,12 +336,11 @@ def finish_run(ctx: RunContext, final: tuple, results):
 # ---------------------------------------------------------------------------------------- main
 
 
-def main(opt, argv=None):
-    """Resolve options, set up devices (and DDP), then train or evolve."""
+def main(opt, argv=None, callbacks: Callbacks | None = None):
+    """Resolve options, set up devices (and DDP), then train or evolve (with the user's ``callbacks``)."""
     dist = dist_info_from_env(opt.local_rank)
     opt, resume_ckpt = resolve_options(opt, argv)
     check_loggers(opt)  # a missing package stops here, before any folder is made
-    sigkill_after_batch()  # so does a bad value of this test-only variable (the loop reads it again)
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device
     device = select_device(opt.device, batch_size=opt.batch_size)
@@ -566,17 +352,20 @@ def main(opt, argv=None):
         if opt.evolve:
             if dist.enabled:
                 raise UserError("--evolve is not supported with DDP; run it on one device")
-            return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist))
+            return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist,
+                                                                      callbacks=callbacks))
         with exit_on_lost_peer(dist):
-            return train(hyp, opt, device, dist, resume_ckpt)
+            return train(hyp, opt, device, dist, resume_ckpt, callbacks)
     finally:
         destroy_process_group(dist)
 
 
-def run(**kwargs):
+def run(callbacks: Callbacks | None = None, **kwargs):
     """Python API: ``train.run(data='data/shapes.yaml', cfg='models/ffca-yolo-n.yaml', imgsz=256)``; the keywords
-    are the flags' names (see OneLineErrorParser.parse_keywords)."""
-    return main(build_parser().parse_keywords(kwargs, "train.run"), argv=[])
+    are the flags' names (see OneLineErrorParser.parse_keywords); ``callbacks`` is a
+    :class:`utils.callbacks.Callbacks` whose hooks the run calls (docs/training.md, "Callbacks")."""
+    Callbacks().extended(callbacks)  # a wrong type is one line before anything starts
+    return main(build_parser().parse_keywords(kwargs, "train.run"), argv=[], callbacks=callbacks)
 
 
 @exit_on_user_error

@@ -32,7 +32,7 @@ from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files import increment_path  # noqa: E402
 from utils.logging import LOGGER, colorstr, log_speed_and_outputs  # noqa: E402
-from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, match_predictions  # noqa: E402
+from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ValMetrics, ap_per_class, match_predictions  # noqa: E402
 from utils.options import (VAL_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
                            check_options)
 from utils.ops import check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, yolo_label_lines  # noqa: E402
@@ -206,9 +206,10 @@ class ValResult:
     bands: dict | None = None  # size-band metrics (utils/size_metrics.py), None when not computed
 
     @property
-    def metrics(self) -> tuple:
+    def metrics(self) -> ValMetrics:
         """(P, R, mAP50, mAP50-95, box, obj, cls losses): the 7 figures results.csv, fitness and evolve read."""
-        return (self.precision, self.recall, self.map50, self.map50_95, self.box_loss, self.obj_loss, self.cls_loss)
+        return ValMetrics(self.precision, self.recall, self.map50, self.map50_95, self.box_loss, self.obj_loss,
+                          self.cls_loss)
 
 
 def _band_results(band_stats, show: bool, plot_dir):

@@ -78,14 +78,13 @@ def test_checkpoint_from_before_the_amp_record_tells_by_its_scaler_state(monkeyp
 
 def test_training_state_records_the_amp_decision(base_model):
     from utils.torch_utils import EarlyStopping
-    from utils.training.run_state import training_state
+    from utils.training.run_state import Optimisation, Progress, training_state
 
     optimizer = torch.optim.SGD(base_model.parameters(), lr=0.01)
-    state = training_state(
-        model=base_model, ema=None, optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0),
-        scaler=torch.amp.GradScaler("cuda", enabled=False), stopper=EarlyStopping(), position=(1, 0),
-        best_fitness=0.0, last_opt_step=-1, mloss=torch.zeros(3), opt=SimpleNamespace(), hyp={})
+    parts = Optimisation(model=base_model, ema=None, optimizer=optimizer,
+                         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0),
+                         scaler=torch.amp.GradScaler("cuda", enabled=False), stopper=EarlyStopping())
+    state = training_state(parts, Progress(), (1, 0), opt=SimpleNamespace(), hyp={})
     assert state["amp"] is False
 
 

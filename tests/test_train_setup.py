@@ -38,12 +38,15 @@ def test_default_mode_is_scoped_and_off_must_be_asked_for():
 
 
 def test_progress_text_is_refreshed_only_at_the_interval_and_the_last_batch():
+    from utils.training.hooks import ProgressHook
+
     descriptions = []
-    pbar = SimpleNamespace(set_description=descriptions.append)
-    loop = SimpleNamespace(progress_every=10, mloss=torch.tensor([0.1, 0.2, 0.3]), opt=SimpleNamespace(epochs=3),
-                           ctx=SimpleNamespace(plots=False))
+    hook = ProgressHook(every=10)
+    hook.bar = SimpleNamespace(set_description=descriptions.append, update=lambda n: None, close=lambda: None)
     imgs, targets = torch.zeros(2, 3, 64, 64), torch.zeros(5, 6)
     for i in range(25):
-        train.TrainLoop.show_progress(loop, pbar, 1, imgs, targets, [], i, 25)
+        loop = SimpleNamespace(batch=(i, imgs, targets, []), nb=25, epoch=1, opt=SimpleNamespace(epochs=3),
+                               progress=SimpleNamespace(mloss=torch.tensor([0.1, 0.2, 0.3])), interrupted=False)
+        hook.after_step(loop)
     assert len(descriptions) == 4, "batches 0, 10, 20 and the last (24)"
     assert "1/2" in descriptions[0] and "0.2" in descriptions[0]

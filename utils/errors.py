@@ -23,9 +23,14 @@ class OutOfMemory(Exception):
     try. Not the user's mistake in the strict sense, so it exits 1, not 2 (see utils/out_of_memory.py)."""
 
 
+class NonFiniteLoss(Exception):
+    """A batch's loss was NaN or infinite and ``--nan-policy stop`` ended the run; the message says where, what
+    is on disk and what to try. Exits 1, as running out of memory does."""
+
+
 def exit_on_user_error(func):
     """Run ``func(*args, **kwargs)``; turn a UserError into one ``ERROR:`` line and exit code 2, and running
-    out of memory into one ``ERROR:`` line and exit code 1."""
+    out of memory or a non-finite loss into one ``ERROR:`` line and exit code 1."""
 
     def wrapper(*args, **kwargs):
         try:
@@ -33,7 +38,7 @@ def exit_on_user_error(func):
         except UserError as e:
             print(f"ERROR: {e}", file=sys.stderr)
             sys.exit(2)
-        except OutOfMemory as e:
+        except (OutOfMemory, NonFiniteLoss) as e:
             print(f"ERROR: {e}", file=sys.stderr)
             sys.exit(1)
 

@@ -10,12 +10,25 @@ Pure computation: curves come back as data (:class:`APCurves`); drawing them is 
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
 RECALL_POINTS = np.linspace(0, 1, 101)
+
+
+class ValMetrics(NamedTuple):
+    """The 7 figures of one validation that results.csv, fitness and evolve read; all 0 when not validated."""
+
+    precision: float = 0.0  # mean over classes
+    recall: float = 0.0
+    map50: float = 0.0
+    map50_95: float = 0.0
+    box_loss: float = 0.0  # validation losses, mean per batch
+    obj_loss: float = 0.0
+    cls_loss: float = 0.0
 
 
 def fitness(x):

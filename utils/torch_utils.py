@@ -151,6 +151,11 @@ def de_parallel(model) -> nn.Module:
     return model.module if is_parallel(model) else model
 
 
+def grid_size(model) -> int:
+    """The model's largest stride, at least 32: image sizes and letterbox padding are multiples of it."""
+    return max(int(model.stride.max()), 32)
+
+
 def intersect_dicts(da: dict, db: dict, exclude=()) -> dict:
     """Entries of ``da`` whose key is in ``db`` with the same shape and contains no ``exclude`` substring."""
     return {k: v for k, v in da.items()
@@ -193,7 +198,7 @@ def _gflops(model: nn.Module, imgsz) -> float | None:
         return None
     try:
         p = next(model.parameters())
-        stride = max(int(model.stride.max()), 32) if hasattr(model, "stride") else 32
+        stride = grid_size(model) if hasattr(model, "stride") else 32
         im = torch.zeros((1, input_channels(model), stride, stride), device=p.device, dtype=p.dtype)
         with torch.no_grad():
             # eval mode: a training-mode copy would draw from the global RNG (DropPath) and shift

@@ -19,7 +19,7 @@ from utils.determinism.audit_cache import start_up_audit
 from utils.ddp import DistInfo
 from utils.files import yaml_load
 from utils.loss import ComputeLoss
-from utils.torch_utils import configure_determinism
+from utils.torch_utils import configure_determinism, grid_size
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "shapes.yaml"
@@ -36,13 +36,13 @@ def build_loop(cfg, imgsz: int, batch_size: int, workers: int, mode: str = "off"
                            "--workers", str(workers)])
     model = Model(cfg, nc=data["nc"]).to(device)
     model.names = data["names"]
-    loader, _ = create_dataloader(data["train"], imgsz, batch_size, max(int(model.stride.max()), 32), hyp=hyp,
+    loader, _ = create_dataloader(data["train"], imgsz, batch_size, grid_size(model), hyp=hyp,
                                   augment=True, workers=workers, shuffle=True, seed=0, nc=data["nc"])
     amp = device.type == "cuda"  # train.py turns AMP on for CUDA once check_amp agrees
     ctx = train.RunContext(opt=opt, device=device, dist=DistInfo(), policy=policy, save_dir=Path(opt.project),
                            data_dict=data, names=list(data["names"]), imgsz=imgsz, batch_size=batch_size,
                            per_rank_batch=batch_size, plots=False, train_loader=loader, val_loader=None,
-                           results_log=None, saver=None)  # the harness times train_step only
+                           saver=None)  # the harness times train_step only
     loop = train.TrainLoop(ctx, model, hyp, amp=amp)
     loop.n_warmup = 0
     if mode != "off":

@@ -1,8 +1,8 @@
 """Experiment trackers chosen with ``--logger`` (TensorBoard, MLflow); results.csv is always written.
 
 train.py calls :func:`check_loggers` before anything is created and wraps the training loop in
-:func:`start_tracking`, whose :class:`Trackers` become the results log's mirror (every results.csv row
-is logged at step = epoch). It is a context manager: a run that returns is finished with its artifacts, one
+:func:`start_tracking`, whose :class:`Trackers` log every results.csv row at step = epoch, from an
+``on_fit_epoch_end`` callback registered right after results.csv's (utils/training/hooks.py). It is a context manager: a run that returns is finished with its artifacts, one
 that raises ends FAILED, and an interrupted one (which exits through
 ``utils.training.interrupts.exit_after_interrupt``) ends KILLED. ``--evolve`` runs inside
 :func:`evolution_run`: each generation becomes a child run. Only the main process (rank 0) tracks.

@@ -1,4 +1,6 @@
-"""results.csv: one row per epoch, YOLOv5's column names, then the size-band mAPs (trackers: utils/tracking/)."""
+"""results.csv: one row per epoch, YOLOv5's column names, the skipped-batch count, then the size-band mAPs.
+
+It is written by an ``on_fit_epoch_end`` callback (utils/training/hooks.py), as the trackers are."""
 
 from pathlib import Path
 
@@ -9,15 +11,17 @@ COLUMNS = (
     "epoch", "train/box_loss", "train/obj_loss", "train/cls_loss",
     "metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
     "val/box_loss", "val/obj_loss", "val/cls_loss", "x/lr0", "x/lr1", "x/lr2",
+    "train/skipped",  # batches skipped for a non-finite loss (--nan-policy skip)
 ) + SIZE_BAND_COLUMNS  # NaN where a band has no labels or the epoch was not validated
 
 
 class ResultsLog:
-    """Append-only CSV of per-epoch results (plain CSV, full float precision), mirrored to the run's trackers."""
+    """Append-only CSV of per-epoch results (plain CSV, full float precision)."""
+
+    columns = COLUMNS
 
     def __init__(self, path):
         self.path = Path(path)
-        self.mirror = None  # utils.tracking.Trackers while the run is tracked: each row is logged there too
 
     def append(self, epoch: int, values) -> None:
         """Write the row for ``epoch``; ``values`` follow COLUMNS[1:]."""
@@ -29,8 +33,6 @@ class ResultsLog:
             if new_file:
                 f.write(",".join(COLUMNS) + "\n")
             f.write(",".join([str(epoch), *(f"{v:.8g}" for v in values)]) + "\n")
-        if self.mirror is not None:
-            self.mirror.log_epoch(epoch, dict(zip(COLUMNS[1:], values)))
 
     def truncate(self, start_epoch: int) -> None:
         """Drop rows of epochs >= ``start_epoch`` (a resumed run rewrites them)."""
