@@ -64,7 +64,7 @@ def test_each_variable_stops_or_warns_on_its_bad_value(row, tmp_path, monkeypatc
 
 def test_a_valid_value_is_used(monkeypatch, tmp_path):
     for name, value, expected in [("FFCA_DDP_TIMEOUT_MIN", "0.5", 0.5), ("PIN_MEMORY", "False", False),
-                                  ("FFCA_AUDIT_CACHE", "off", None), ("YOLO_SIGKILL_AFTER_BATCH", "3", 3),
+                                  ("FFCA_AUDIT_CACHE", "off", None),
                                   ("FFCA_AUDIT_CACHE", str(tmp_path / "new"), tmp_path / "new"),
                                   ("MLFLOW_TRACKING_URI", "http://host:5000", "http://host:5000")]:
         monkeypatch.setenv(name, value)

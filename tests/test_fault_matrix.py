@@ -193,7 +193,6 @@ def _train(argv):
 @pytest.mark.parametrize("variables, expected", [
     ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "FFCA_DDP_TIMEOUT_MIN": "-5"},
      "ERROR: FFCA_DDP_TIMEOUT_MIN='-5': expected a positive number of minutes"),
-    ({"YOLO_SIGKILL_AFTER_BATCH": "soon"}, "ERROR: YOLO_SIGKILL_AFTER_BATCH='soon': expected a batch count"),
     ({"WORLD_SIZE": "two"}, "ERROR: WORLD_SIZE='two': expected an integer of at least 1"),
 ])
 def test_train_with_a_bad_variable_is_one_line_and_no_run_folder(variables, expected, case, capsys, monkeypatch):

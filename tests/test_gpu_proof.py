@@ -318,30 +318,38 @@ def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
 def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_path):
     """Finding 9: the watcher polled last.pt and could SIGKILL a run that had already finished.
 
-    With train.py's test-only switch the run saves after batch 3 of epoch 0 and SIGKILLs itself,
-    however fast or slow the machine is; the position is the one asked for.
+    Through the proof's callbacks (benchmarks/gpu_proof/fault_train.py) the run saves after batch 3 of
+    epoch 0 and SIGKILLs itself, however fast or slow the machine is; the position is the one asked for.
     """
     from benchmarks.gpu_proof import runs as proof_runs
 
     settings = proof_runs.RunSettings(shapes_data, tmp_path / "runs", "cpu", 64, 1, 4, 0, threads=1)
-    position, killed = proof_runs.kill_mid_epoch(settings.command(tiny_cfg, "k"), settings.project, "k", 600,
-                                                 threads=1, batch=3)
+    cmd = proof_runs.fault_launcher(False, 3) + settings.flags(tiny_cfg, "k")
+    position, killed = proof_runs.kill_mid_epoch(cmd, settings.project, "k", 600, threads=1)
     assert killed.returncode == -9, killed.tail()
     assert position[:2] == [0, 3], killed.tail()
     assert "Final EMA weights" not in killed.log
 
 
-def test_the_kill_switch_rejects_a_bad_value(monkeypatch):
-    from utils.errors import UserError
-    from utils.training.run_state import SIGKILL_AFTER_BATCH_ENV, sigkill_after_batch
+def test_the_fault_launcher_rejects_a_bad_batch(capsys):
+    from benchmarks.gpu_proof import fault_train
 
-    monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "0")
-    with pytest.raises(UserError, match=f"{SIGKILL_AFTER_BATCH_ENV}='0'"):
-        sigkill_after_batch()
-    monkeypatch.setenv(SIGKILL_AFTER_BATCH_ENV, "5")
-    assert sigkill_after_batch() == 5
-    monkeypatch.delenv(SIGKILL_AFTER_BATCH_ENV)
-    assert sigkill_after_batch() == 0
+    with pytest.raises(SystemExit) as exit_info:
+        fault_train.main(["--kill-after-batch", "0", "--cfg", "x.yaml"])
+    assert exit_info.value.code == 2
+    assert "--kill-after-batch 0: must be at least 1" in capsys.readouterr().err
+
+
+def test_no_product_code_holds_a_test_only_kill_switch():
+    """The mid-epoch SIGKILL is a callback of the proof's own launcher, not a switch that train.py reads."""
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True, check=True)
+    product = [root / p for p in tracked.stdout.split() if p.split("/")[0] not in ("tests", "benchmarks")]
+    assert product, "no product sources found"
+    for path in product:
+        text = path.read_text(errors="replace")
+        assert "SIGKILL_AFTER" not in text and "os.kill(os.getpid(), signal.SIGKILL)" not in text, path
+
 
 
 def test_kill_and_resume_chains_start_first(tmp_path):

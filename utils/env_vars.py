@@ -41,10 +41,6 @@ def _positive_minutes(text: str) -> float:
     return value
 
 
-def _batch_count(text: str) -> int:
-    return int(_number(text, 1, integer=True)) if text else 0
-
-
 def _flag(default: bool) -> Callable[[str], bool]:
     def parse(text: str) -> bool:
         if not text:
@@ -103,8 +99,6 @@ VARIABLES = {v.name: v for v in (
     Variable("FFCA_DDP_TIMEOUT_MIN", "a positive number of minutes, e.g. 30", _positive_minutes),
     Variable("FFCA_AUDIT_CACHE", "a folder (made when missing) or off", _audit_cache, safe_default=True),
     Variable("XDG_CACHE_HOME", "an absolute folder path", _cache_home, safe_default=True),
-    Variable("YOLO_SIGKILL_AFTER_BATCH", "a batch count of at least 1 (a test-only switch; unset it for "
-             "normal training)", _batch_count),
     Variable("PIN_MEMORY", "true or false (also 1/0, yes/no, on/off)", _flag(True), safe_default=True),
     Variable("WORLD_SIZE", "an integer of at least 1 (torchrun sets it)", _count(1, 1)),
     Variable("RANK", "an integer of at least 0, below WORLD_SIZE (torchrun sets it)", _count(0, -1)),

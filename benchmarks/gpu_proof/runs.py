@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_proof.report import DeadlineExceeded
-from utils.training.run_state import SIGKILL_AFTER_BATCH_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_WITH_PROOF_MODULES = "import benchmarks.gpu_proof.modules, train; train.cli()"  # started in ROOT
@@ -55,16 +54,26 @@ class RunSettings:
 
     def command(self, cfg: Path, name: str, *overrides: str) -> list:
         """The command line of one run; ``overrides`` come last, so they win."""
-        flags = ["--data", str(self.data), "--cfg", str(cfg), "--project", str(self.project), "--name", name,
+        return launcher(self.custom_modules) + self.flags(cfg, name, *overrides)
+
+    def flags(self, cfg: Path, name: str, *overrides: str) -> list:
+        """train.py's flags of one run."""
+        return ["--data", str(self.data), "--cfg", str(cfg), "--project", str(self.project), "--name", name,
                  "--imgsz", str(self.imgsz), "--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
                  "--workers", str(self.workers), "--device", self.device, "--deterministic", self.mode,
                  "--noplots", "--exist-ok", "--save-interval", "0", *self.extra, *overrides]
-        return launcher(self.custom_modules) + flags
 
 
 def launcher(custom_modules: bool) -> list:
     """``[python, train.py]``, or the ``-c`` launcher that registers the proof's blocks first."""
     return [sys.executable, "-c", LAUNCH_WITH_PROOF_MODULES] if custom_modules else [sys.executable, "train.py"]
+
+
+def fault_launcher(custom_modules: bool, kill_after_batch: int) -> list:
+    """The launcher of a run that saves ``last.pt`` after ``kill_after_batch`` batches, then SIGKILLs itself
+    (benchmarks/gpu_proof/fault_train.py: a callback, no switch in train.py)."""
+    return [sys.executable, "-m", "benchmarks.gpu_proof.fault_train", "--kill-after-batch", str(kill_after_batch),
+            *(["--proof-modules"] if custom_modules else [])]
 
 
 def child_env(threads: int | None = None) -> dict:
@@ -105,11 +114,11 @@ class RunResult:
         return lines[-1][:300] if lines else "(no output)"
 
 
-def _start(cmd: list, log_file: Path, threads: int | None, **extra_env: str) -> subprocess.Popen:
+def _start(cmd: list, log_file: Path, threads: int | None) -> subprocess.Popen:
     """Start ``cmd`` in ROOT in its own process group, output to ``log_file``."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as log:
-        return subprocess.Popen(cmd, cwd=ROOT, env={**child_env(threads), **extra_env}, stdout=log,
+        return subprocess.Popen(cmd, cwd=ROOT, env=child_env(threads), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -146,16 +155,16 @@ def _mid_epoch_position(last_pt: Path) -> list | None:
     return [*position, position[1] - 1 - int(ckpt["last_opt_step"])]
 
 
-def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float, threads: int | None = None,
-                   batch: int = KILL_AFTER_BATCH) -> tuple[list | None, RunResult]:
-    """Run ``cmd`` with train.py's test-only switch: it saves ``last.pt`` after ``batch`` batches, then SIGKILLs itself.
+def kill_mid_epoch(cmd: list, project: Path, name: str, timeout: float,
+                   threads: int | None = None) -> tuple[list | None, RunResult]:
+    """Run ``cmd``, a :func:`fault_launcher` command: it saves ``last.pt`` mid-epoch, then SIGKILLs itself.
 
     Returns the recorded position ``[epoch, batch, batches of pending gradient]`` (None unless the run
     died of its SIGKILL with a mid-epoch ``last.pt``) and the killed run.
     """
     log_file = project / f"{name}.log"
     t0 = time.monotonic()
-    proc = _start(cmd, log_file, threads, **{SIGKILL_AFTER_BATCH_ENV: str(batch)})
+    proc = _start(cmd, log_file, threads)
     timed_out = False
     try:
         proc.wait(timeout=max(timeout, 1))
@@ -179,7 +188,7 @@ def resume(run: RunResult, settings: RunSettings, timeout: float) -> RunResult:
 
 def kill_and_resume(settings: RunSettings, cfg: Path, name: str, timeout_at: float) -> tuple:
     """SIGKILL a run mid-epoch, resume it; returns ``(position, resumed RunResult)``."""
-    cmd = settings.command(cfg, name)
+    cmd = fault_launcher(settings.custom_modules, KILL_AFTER_BATCH) + settings.flags(cfg, name)
     position, killed = kill_mid_epoch(cmd, settings.project, name, timeout_at - time.monotonic(), settings.threads)
     if killed.timed_out:
         finished(killed)  # raises DeadlineExceeded
