@@ -2,7 +2,7 @@
 
 A hook has six stages, each called with the loop (utils/training/loop.py): ``before_train``,
 ``before_epoch``, ``before_step``, ``after_step``, ``after_epoch`` (complete epochs only) and
-``after_train``. The user's YOLOv5 callbacks run from :class:`CallbackHook`; results.csv, the
+``after_train`` (always, also when a step or a hook raised). The user's YOLOv5 callbacks run from :class:`CallbackHook`; results.csv, the
 trackers and the batch plots are themselves callbacks (utils/callbacks.py), registered first.
 """
 
@@ -64,6 +64,10 @@ class ProgressHook(TrainHook):
         self.bar.update(1)
         if i + 1 == loop.nb or loop.interrupted:
             self.bar.close()
+
+    def after_train(self, loop) -> None:
+        if self.bar is not None:
+            self.bar.close()  # an error line that follows starts on a line of its own
 
     @staticmethod
     def describe(epoch: int, epochs: int, mloss, imgs, targets) -> str:

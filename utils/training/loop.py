@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from utils.augmentations import random_rescale
 from utils.callbacks import Callbacks
-from utils.ddp import DistInfo, gather_objects, rank_ordered_mean_hook
+from utils.ddp import DistInfo, barrier, gather_objects, rank_ordered_mean_hook
 from utils.errors import NonFiniteLoss
 from utils.logging import LOGGER, colorstr
 from utils.loss import ComputeLoss, scale_loss_gains
@@ -69,6 +69,7 @@ class TrainLoop:
                 if a signal stopped it mid-epoch: stop
             hooks.after_epoch()                   # LR schedule, validation, results.csv, early stop, save
             if stopped: break
+        hooks.after_train()                       # always, also after an exception
     """
 
     def __init__(self, ctx: RunContext, model, hyp: dict, amp: bool):
@@ -156,10 +157,13 @@ class TrainLoop:
         with GracefulInterrupt(describe_saved=self.ctx.saver.describe) as self.interrupt:
             self.announce()
             self._run_hooks(hooks, "before_train")
-            for self.epoch in range(self.start_epoch, self.opt.epochs):
-                finished = self.run_epoch(hooks, self.start_batch if self.epoch == self.start_epoch else 0)
-                if not finished or self.interrupted or self.early_stop:
-                    break
+            try:
+                for self.epoch in range(self.start_epoch, self.opt.epochs):
+                    finished = self.run_epoch(hooks, self.start_batch if self.epoch == self.start_epoch else 0)
+                    if not finished or self.interrupted or self.early_stop:
+                        break
+            finally:
+                self._run_hooks(hooks, "after_train")  # also when a step or hook raised, as detectron2's
             # a rank stopped by another rank's signal exits as that rank does (128 + the signal), not with 1
             self.interrupt_code = 128 + self.stop_signal if self.stop_signal else self.interrupt.exit_code
         if self.interrupted and finished and self.epoch + 1 == self.opt.epochs:
@@ -237,5 +241,6 @@ class TrainLoop:
                 LOGGER.warning(message)
             return None
         self.save_last((epoch, i))
+        barrier(self.dist)  # last.pt is complete before any rank exits (torchrun then ends the others)
         raise NonFiniteLoss(f"{message}. {self.ctx.saver.describe()} To go on, lower lr0 or fix the labels and "
                             f"resume (python train.py --resume {self.ctx.saver.last}), or pass --nan-policy skip")

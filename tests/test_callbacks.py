@@ -1,0 +1,216 @@
+"""YOLOv5's callbacks as train.py's extension point, and the guard against a non-finite loss."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from tests.support.launchers import launcher_env
+from tests.support.nan_injection import nan_at_batch
+from tests.support.run_outputs import results_rows
+from utils.callbacks import HOOKS, CallbackError, Callbacks
+from utils.errors import NonFiniteLoss, UserError
+from utils.training.checkpoints import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+# 16 training images at batch 8: 2 batches per epoch
+TINY = {"imgsz": 64, "batch_size": 8, "epochs": 2, "device": "cpu", "workers": 0, "noplots": True,
+        "save_interval": 0}
+
+
+def tiny_run(shapes_data, tiny_cfg, project, name, callbacks=None, **flags):
+    return train.run(callbacks=callbacks, data=str(shapes_data), cfg=str(tiny_cfg), project=str(project), name=name,
+                     **{**TINY, **flags})
+
+
+# ------------------------------------------------------------------------------------------- the API
+
+
+def test_actions_run_in_registration_order_with_the_arguments_given():
+    seen = []
+    callbacks = Callbacks()
+    callbacks.register_action("on_fit_epoch_end", "first", lambda vals, epoch, best, fi: seen.append(("a", epoch)))
+    callbacks.register_action("on_fit_epoch_end", "second", lambda vals, epoch, best, fi: seen.append(("b", fi)))
+    callbacks.run("on_fit_epoch_end", [1.0], 3, 0.5, 0.25)
+    assert seen == [("a", 3), ("b", 0.25)]
+    assert [a["name"] for a in callbacks.get_registered_actions("on_fit_epoch_end")] == ["first", "second"]
+    assert set(callbacks.get_registered_actions()) == set(HOOKS)
+
+
+@pytest.mark.parametrize("hook", ["on_train_batch_end", "on_fit_epoch_end", "on_model_save", "on_train_end",
+                                  "on_pretrain_routine_start", "on_pretrain_routine_end"])
+def test_yolov5_hook_names_are_accepted(hook):
+    callbacks = Callbacks()
+    callbacks.register_action(hook, "logger", print)
+    assert callbacks.get_registered_actions(hook)[0]["callback"] is print
+
+
+def test_an_unknown_hook_or_a_non_callable_is_refused_with_the_choices():
+    callbacks = Callbacks()
+    with pytest.raises(ValueError, match="callback hook 'on_epoch_end' does not exist; use one of: on_pretrain"):
+        callbacks.register_action("on_epoch_end", "x", print)
+    with pytest.raises(TypeError, match="callback 'x' on hook 'on_train_end' is str, not a callable"):
+        callbacks.register_action("on_train_end", "x", "print")
+
+
+def test_a_raising_callback_is_one_line_naming_the_hook_and_the_callback():
+    callbacks = Callbacks()
+    callbacks.register_action("on_train_epoch_end", "my-logger", lambda epoch: 1 / 0)
+    with pytest.raises(CallbackError) as info:
+        callbacks.run("on_train_epoch_end", epoch=0)
+    message = str(info.value)
+    assert "callback 'my-logger' on hook 'on_train_epoch_end' raised ZeroDivisionError: division by zero" in message
+    assert "\n" not in message
+
+
+def test_extended_merges_without_changing_either_object():
+    own, user = Callbacks(), Callbacks()
+    own.register_action("on_train_end", "own", print)
+    user.register_action("on_train_end", "user", print)
+    merged = own.extended(user)
+    assert [a["name"] for a in merged.get_registered_actions("on_train_end")] == ["own", "user"]
+    assert len(own.get_registered_actions("on_train_end")) == 1 and len(user.get_registered_actions("on_train_end")) == 1
+
+
+def test_train_run_refuses_callbacks_of_another_type(tmp_path):
+    with pytest.raises(UserError, match="callbacks=dict: expected a utils.callbacks.Callbacks object"):
+        train.run(callbacks={"on_train_end": print}, project=str(tmp_path))
+    assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------- a run
+
+
+def recorder(calls: list) -> Callbacks:
+    """Callbacks that record every hook they receive, with the arguments that identify the moment."""
+    callbacks = Callbacks()
+
+    def record(hook):
+        def callback(*args, **kwargs):
+            if hook == "on_train_batch_end":
+                calls.append((hook, args[1]))
+            elif hook in ("on_fit_epoch_end", "on_train_epoch_end"):
+                calls.append((hook, kwargs.get("epoch", args[1] if len(args) > 1 else None)))
+            elif hook == "on_model_save":
+                calls.append((hook, args[1], args[2]))
+            elif hook == "on_pretrain_routine_end":
+                calls.append((hook, args[0].shape[1], tuple(args[1])))
+            elif hook == "on_train_end":
+                calls.append((hook, Path(args[0]).name, Path(args[1]).name, args[2], len(args[3])))
+            else:
+                calls.append((hook,))
+        return callback
+
+    for hook in HOOKS:
+        callbacks.register_action(hook, f"record {hook}", record(hook))
+    return callbacks
+
+
+def test_a_user_callback_receives_every_documented_hook_in_order(shapes_data, tiny_cfg, tmp_path):
+    calls = []
+    tiny_run(shapes_data, tiny_cfg, tmp_path, "order", callbacks=recorder(calls))
+    epoch = lambda e: [("on_train_epoch_start",),  # noqa: E731
+                       ("on_train_batch_start",), ("on_train_batch_end", 2 * e),
+                       ("on_train_batch_start",), ("on_train_batch_end", 2 * e + 1),
+                       ("on_train_epoch_end", e), ("on_fit_epoch_end", e), ("on_model_save", e, e == 1)]
+    assert calls == [("on_pretrain_routine_start",),
+                     ("on_pretrain_routine_end", 5, ("circle", "square", "triangle", "cross")),
+                     ("on_train_start",), *epoch(0), *epoch(1),
+                     ("on_train_end", "last.pt", "best.pt", 1, 7)]
+
+
+def test_results_csv_is_written_before_the_user_s_epoch_callback(shapes_data, tiny_cfg, tmp_path):
+    rows_seen = []
+
+    def read_results(vals, epoch, best_fitness, fi):
+        rows_seen.append(len(results_rows(tmp_path / "csv")))
+        assert len(vals) == len(results_rows(tmp_path / "csv")[0]) - 1  # every column but the epoch
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_fit_epoch_end", "reader", read_results)
+    tiny_run(shapes_data, tiny_cfg, tmp_path, "csv", callbacks=callbacks)
+    assert rows_seen == [1, 2]
+
+
+def test_a_raising_callback_stops_the_run_and_keeps_the_last_complete_state(shapes_data, tiny_cfg, tmp_path):
+    def fail_in_epoch_1(vals, epoch, best_fitness, fi):
+        if epoch == 1:
+            raise RuntimeError("tracker server unreachable\nsecond line")
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_fit_epoch_end", "my-tracker", fail_in_epoch_1)
+    with pytest.raises(CallbackError, match="callback 'my-tracker' on hook 'on_fit_epoch_end' raised RuntimeError: "
+                                            "tracker server unreachable; the run stopped there"):
+        tiny_run(shapes_data, tiny_cfg, tmp_path, "raise", callbacks=callbacks)
+    ckpt = load_checkpoint(tmp_path / "raise" / "weights" / "last.pt")
+    assert ckpt["next_position"] == [1, 0] and ckpt["optimizer"] is not None
+    resumed = tiny_run(shapes_data, tiny_cfg, tmp_path, "unused", resume=str(tmp_path / "raise" / "weights" /
+                                                                              "last.pt"))
+    assert len(resumed) == 7
+
+
+# ------------------------------------------------------------------------------------------- non-finite loss
+
+
+def all_finite(state: dict) -> bool:
+    return all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_a_nan_loss_stops_with_one_line_and_keeps_the_state_before_the_batch(shapes_data, tiny_cfg, tmp_path,
+                                                                             capsys):
+    before = {}
+    opt = train.parse_opt(["--data", str(shapes_data), "--cfg", str(tiny_cfg), "--project", str(tmp_path),
+                           "--name", "nan", "--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--device",
+                           "cpu", "--workers", "0", "--noplots", "--save-interval", "0"])
+    wrapped = train.exit_on_user_error(lambda: train.main(opt, callbacks=nan_at_batch(3, before)))
+    with pytest.raises(SystemExit) as exit_info:
+        wrapped()
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    error = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert len(error) == 1, err[-2000:]
+    assert "ERROR: non-finite loss at epoch 1 batch 1 (box nan, obj nan, cls nan)" in error[0]
+    assert "--nan-policy skip" in error[0] and "learning rate" in error[0]
+    ckpt = load_checkpoint(tmp_path / "nan" / "weights" / "last.pt")
+    assert ckpt["next_position"] == [1, 1]
+    assert all_finite(ckpt["model"]) and all_finite(ckpt["ema"])
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in before["model"].items()), "not the state before batch 3"
+    assert len(results_rows(tmp_path / "nan")) == 1, "epoch 1 never finished"
+    resumed = tiny_run(shapes_data, tiny_cfg, tmp_path, "unused", resume=str(tmp_path / "nan" / "weights" / "last.pt"))
+    assert len(resumed) == 7 and all(math.isfinite(v) for v in resumed)
+    assert len(results_rows(tmp_path / "nan")) == 2
+
+
+def test_skipping_a_nan_batch_is_counted_and_deterministic(shapes_data, tiny_cfg, tmp_path):
+    for name in ("skip-a", "skip-b"):
+        tiny_run(shapes_data, tiny_cfg, tmp_path, name, callbacks=nan_at_batch(1), nan_policy="skip")
+    a, b = (load_checkpoint(tmp_path / name / "weights" / "last.pt")["model"] for name in ("skip-a", "skip-b"))
+    assert all_finite(a) and all(torch.equal(a[k], b[k]) for k in a)
+    rows = results_rows(tmp_path / "skip-a")
+    assert [float(r["train/skipped"]) for r in rows] == [1.0, 0.0]
+
+
+def test_nan_policy_is_a_checked_choice():
+    with pytest.raises(UserError, match="--nan-policy"):
+        train.parse_opt(["--nan-policy", "ignore"])
+    assert train.parse_opt([]).nan_policy == "stop"
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_stops_both_ranks(shapes_data, tiny_cfg, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "tests/support/nan_injection.py", "3", "--data", str(shapes_data), "--cfg", str(tiny_cfg),
+           "--project", str(tmp_path), "--name", "ddp", "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
+           "--device", "cpu", "--workers", "0", "--noplots", "--save-interval", "0"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=launcher_env())
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "ERROR: non-finite loss at epoch" in line]
+    # the first rank to exit makes torchrun end the other, which may not have printed yet
+    assert errors and all("epoch 1 batch 1" in e for e in errors), proc.stderr[-3000:]
+    assert "utils/training" not in proc.stderr, "a rank printed a traceback"  # torchrun's own summary may follow
+    ckpt = load_checkpoint(tmp_path / "ddp" / "weights" / "last.pt")
+    assert ckpt["next_position"] == [1, 1] and all_finite(ckpt["model"])
