@@ -214,3 +214,20 @@ def test_a_nan_on_one_rank_stops_both_ranks(shapes_data, tiny_cfg, tmp_path):
     assert "utils/training" not in proc.stderr, "a rank printed a traceback"  # torchrun's own summary may follow
     ckpt = load_checkpoint(tmp_path / "ddp" / "weights" / "last.pt")
     assert ckpt["next_position"] == [1, 1] and all_finite(ckpt["model"])
+
+
+def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, monkeypatch, capsys):
+    """docs/training.md's ten-line logger, run as written except for a tiny data set and model."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    example = text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    real_run = train.run
+
+    def run_tiny(callbacks=None, **flags):
+        assert set(flags) == {"data", "cfg", "imgsz", "epochs"}
+        return real_run(callbacks=callbacks, data=str(shapes_data), cfg=str(tiny_cfg), project=str(tmp_path),
+                        name="doc", **TINY)
+
+    monkeypatch.setattr(train, "run", run_tiny)
+    exec(compile(example, "docs/training.md", "exec"), {"__name__": "example"})
+    out = capsys.readouterr().out
+    assert "epoch 0: mAP50 " in out and "epoch 1: mAP50 " in out and "fitness" in out

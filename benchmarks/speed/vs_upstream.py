@@ -229,6 +229,7 @@ def prepare(args, scratch):
 
     from utils.dataset.synthetic.shapes import NAMES, make_shapes
     from models.yolo import Model
+    from utils.training.checkpoints import stored_weights
 
     roots = {}
     for side in ("ours", "upstream"):
@@ -236,7 +237,7 @@ def prepare(args, scratch):
     weights = scratch / "weights.pt"
     if args.weights:
         state = torch.load(args.weights, map_location="cpu", weights_only=True)
-        state = state.get("ema") or state.get("model") if "model_cfg" in state else state
+        state = stored_weights(state) if "model_cfg" in state else state
     else:
         torch.manual_seed(0)
         state = Model(ROOT / "models" / "yolov5n.yaml", nc=len(NAMES)).state_dict()

@@ -36,6 +36,7 @@ from benchmarks.cli import parse_checked, parser_for
 from benchmarks.peers import offline_config_folder
 from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
+from utils.training.checkpoints import stored_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = OptionRules(positive=("pairs", "train_images", "val_images", "epochs"))
@@ -181,7 +182,7 @@ def val_weights(sides, scratch) -> dict:
     ours = scratch / "runs" / "ours-0" / "weights" / "best.pt"
     ckpt = torch.load(ours, map_location="cpu", weights_only=True)
     state = scratch / "state.pt"
-    torch.save(ckpt.get("ema") or ckpt["model"], state)
+    torch.save(stored_weights(ckpt), state)
     upstream = scratch / "upstream-best.pt"
     sides.run("upstream", ["-c", UPSTREAM_WEIGHTS_CHILD, str(state), "models/yolov5n.yaml", str(len(NAMES)),
                            ",".join(NAMES), str(upstream)])
