@@ -233,7 +233,7 @@ class TrainLoop:
         """A non-finite loss on some rank: put the model back as it was before the batch, then skip the
         batch (``--nan-policy skip``) or save the state before it as last.pt and stop."""
         self.buffers.restore()
-        skipping = getattr(self.opt, "nan_policy", "stop") == "skip"
+        skipping = self.opt.nan_policy == "skip"
         message = nonfinite_message(epoch, i, loss_items, self.amp, skipping)
         if skipping:
             self.progress.skipped += 1
