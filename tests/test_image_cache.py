@@ -90,12 +90,12 @@ def _pickled(path):
     np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
 
 
-def _wrong_shape(path):
+def _not_an_image(path):
     im, key = read_entry(path)
-    image_cache.write_entry(path, im[:5], key)
+    image_cache.write_entry(path, im[..., 0].astype(np.float32), key)  # the right key on a grey float array
 
 
-@pytest.mark.parametrize("damage", [_truncate, _garbage, _pickled, _wrong_shape])
+@pytest.mark.parametrize("damage", [_truncate, _garbage, _pickled, _not_an_image])
 def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, log_lines, damage):
     first = bmp_cache(tmp_path)
     damage(Path(first.npy_files[2]))

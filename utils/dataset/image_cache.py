@@ -268,7 +268,7 @@ class ImageCache:
 
     def _entry_state(self, i, key: str) -> str:
         """What image i's .npy holds against ``key``: 'valid', 'missing', 'stale' (other bytes, or written before
-        keys existed) or 'damaged' (not two .npy records, or not an image of the cached size)."""
+        keys existed) or 'damaged' (not two .npy records, or not a 3-channel uint8 image)."""
         try:
             im, stored = read_entry(self.npy_files[i])
         except FileNotFoundError:
@@ -277,7 +277,7 @@ class ImageCache:
             return "damaged"
         if stored != key:
             return "stale"
-        return "valid" if im.dtype == np.uint8 and im.shape == (*self._cached_hw(i), 3) else "damaged"
+        return "valid" if im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3 else "damaged"
 
     def _check_or_write(self, i, written: list) -> str:
         """Keep image i's .npy if it was made from the image's present bytes, else write it (atomically, appending
