@@ -132,6 +132,7 @@ def test_val_warns_once_when_images_hold_more_labels_than_max_det(trained_tiny, 
     assert not [m for m in log_lines if "max_det" in m and "WARNING" in m]
 
 
+@pytest.mark.slow
 def test_training_warns_once_for_all_its_validations(shapes_data, tiny_cfg, tmp_path, log_lines):
     from tests.support.training_runs import train_run
 

@@ -13,6 +13,7 @@ def on_device(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first, named", [("--device", "'--device'"), ("a-file", "'a-file'"), ("", "usage")])
 def test_an_out_dir_that_is_a_flag_or_a_file_is_exit_2_with_one_line(tmp_path, first, named):
     (tmp_path / "a-file").write_text("kept\n")
@@ -23,6 +24,7 @@ def test_an_out_dir_that_is_a_flag_or_a_file_is_exit_2_with_one_line(tmp_path, f
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"] and (tmp_path / "a-file").read_text() == "kept\n"
 
 
+@pytest.mark.slow
 def test_a_proof_that_writes_no_record_is_not_said_to_have_one(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

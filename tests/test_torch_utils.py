@@ -473,6 +473,7 @@ print("reported")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or not torch.backends.cudnn.is_available() or
                     not os.path.exists("/proc/self/status"), reason="needs a CUDA build of torch on a machine without "
                     "a GPU, on Linux")
