@@ -16,6 +16,7 @@ import torch
 from utils.dataloaders import LoadImagesAndLabels
 from utils.dataset import image_cache
 from utils.dataset.image_cache import ImageCache, read_entry, source_key
+from utils.errors import UserError
 from tests.support.image_sets import make_dataset, noise, warnings_about
 
 
@@ -145,3 +146,20 @@ def test_a_disk_that_fills_while_the_cache_is_written_leaves_no_npy_and_no_tempo
     assert sorted(p.name for p in images.iterdir()) == [f"im{i}.jpg" for i in range(6)]
     for i in range(6):
         assert torch.equal(plain[i][0], disk[i][0])
+
+
+def test_an_image_rewritten_while_it_is_cached_stops_with_one_line(tmp_path, monkeypatch):
+    """The key and the pixels of an entry come from the same bytes, or nothing is written."""
+    bmp_cache(tmp_path, mode=None)  # the images, no cache yet
+    real_decode = ImageCache._decode
+
+    def decode_then_rewrite(self, i):
+        decoded_image = real_decode(self, i)
+        if i == 1:
+            cv2.imwrite(self.im_files[i], noise(40, 48, seed=77))  # another process writes the file meanwhile
+        return decoded_image
+
+    monkeypatch.setattr(ImageCache, "_decode", decode_then_rewrite)
+    with pytest.raises(UserError, match=r"im1\.bmp: the image changed while it was being cached"):
+        bmp_cache(tmp_path)
+    assert not Path(tmp_path / "im1.32-linear.npy").exists()

@@ -279,17 +279,24 @@ class ImageCache:
             return "stale"
         return "valid" if im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3 else "damaged"
 
-    def _check_or_write(self, i, written: list) -> str:
-        """Keep image i's .npy if it was made from the image's present bytes, else write it (atomically, appending
-        its path to ``written``); the entry is then used. Returns the state the entry was found in."""
+    def _source_key(self, i) -> str:
         try:
-            key = source_key(self.im_files[i])
+            return source_key(self.im_files[i])
         except OSError as e:
             raise UserError(f"{self.prefix}{self.im_files[i]}: image can no longer be read ({e.strerror or e}); "
                             "it changed since the scan: run again") from None
+
+    def _check_or_write(self, i, written: list) -> str:
+        """Keep image i's .npy if it was made from the image's present bytes, else write it (atomically, appending
+        its path to ``written``); the entry is then used. Returns the state the entry was found in."""
+        key = self._source_key(i)
         state = self._entry_state(i, key)
         if state != "valid":
-            write_entry(self.npy_files[i], self._shrunk(*self._decode(i)), key)
+            im = self._shrunk(*self._decode(i))
+            if self._source_key(i) != key:  # the pixels must come from the bytes the key names
+                raise UserError(f"{self.prefix}{self.im_files[i]}: the image changed while it was being cached; "
+                                "run again once nothing writes to the data set")
+            write_entry(self.npy_files[i], im, key)
             written.append(self.npy_files[i])
         self.entry_keys[i] = key
         return state
@@ -317,6 +324,7 @@ class ImageCache:
             self._report_rebuilt(states)
 
     def _give_up_disk(self, error: OSError, written: list):
+        """Use no .npy file, delete the ones this run wrote, and say why once."""
         self.disk, self.entry_keys = False, [None] * self.n
         for path in written:
             with contextlib.suppress(OSError):
