@@ -303,6 +303,8 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
             data_dict["val"], imgsz, per_rank_batch * 2, grid, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
             prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode)[0]
+        validate.warn_if_max_det_caps(val_loader.dataset, validate.detections_per_image(None, data_dict),
+                                      "set max_det in the data YAML to")
     return train_loader, dataset, val_loader
 
 

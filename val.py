@@ -34,8 +34,9 @@ from utils.files import increment_path  # noqa: E402
 from utils.logging import LOGGER, colorstr, log_speed_and_outputs  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ValMetrics, ap_per_class, match_predictions  # noqa: E402
 from utils.options import (VAL_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags,  # noqa: E402
-                           check_options)
-from utils.ops import check_img_size, non_max_suppression, scale_boxes, xywh2xyxy, yolo_label_lines  # noqa: E402
+                           check_options, keyword_value)
+from utils.ops import (check_img_size, check_thresholds, non_max_suppression, scale_boxes, xywh2xyxy,  # noqa: E402
+                       yolo_label_lines)
 from utils.out_of_memory import TRAIN_ADVICE, VAL_ADVICE, out_of_memory_hint  # noqa: E402
 from utils.plots import (output_to_target, plot_ap_curves, plot_band_pr, plot_confusion_matrix,  # noqa: E402
                          plot_images)
@@ -68,20 +69,51 @@ def _model_device(model):
     return next(model.parameters()).device
 
 
-def _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls, workers):
-    """Standalone validation: weights (.pt, .onnx, .torchscript, *_openvino_model) -> eval backend on
-    ``device``, checked image size, data dict."""
-    check_options(argparse.Namespace(batch_size=batch_size, workers=workers), VAL_VALUE_RULES)  # the CLI's, for val.run
-    device = select_device(device, batch_size=batch_size)
+def _load_for_cli(options: dict):
+    """Standalone validation, from ``run``'s keyword values ``options``, checked as the command line checks them:
+    weights (.pt, .onnx, .torchscript, *_openvino_model) -> eval backend on ``device``, checked image size, data
+    dict, half precision."""
+    _check_python_values(options)
+    weights, batch_size, imgsz, data = options["weights"], options["batch_size"], options["imgsz"], options["data"]
+    device = select_device(options["device"], batch_size=batch_size)
     model = load_backend(weights, device=device, fuse=True)
     imgsz = check_img_size(imgsz, stride=int(model.stride.max()))
     _check_static_size(model, imgsz, weights)
-    half &= device.type == "cuda"
+    half = options["half"] and device.type == "cuda"
     if half:
         model.half()
     data = check_dataset(data)
-    _check_class_counts(model, data, weights, single_cls)
+    _check_class_counts(model, data, weights, options["single_cls"])
     return model, device, imgsz, half, data
+
+
+def _check_python_values(values: dict) -> None:
+    """What the command line refuses, refused from ``val.run`` too, before the weights load or any folder is made:
+    its rules (``batch_size``, ``workers``), a threshold outside 0-1 (it used to fail inside NMS, after the run
+    folder), a switch that is not True or False (``reduced_decode='no'`` turned the option on; train.run refuses it
+    the same way)."""
+    check_options(argparse.Namespace(batch_size=values["batch_size"], workers=values["workers"]), VAL_VALUE_RULES)
+    max_det = values["max_det"]
+    check_thresholds(values["conf_thres"], values["iou_thres"], DEFAULT_MAX_DET if max_det is None else max_det)
+    for action in build_parser()._actions:
+        if action.nargs == 0 and action.dest in values:
+            keyword_value(action, f"val.run: {action.dest}={values[action.dest]!r}", values[action.dest])
+
+
+def warn_if_max_det_caps(dataset, max_det: int, remedy: str) -> bool:
+    """Warn once when images hold more labels than ``max_det`` detections can match: their recall is capped below
+    what the model finds, silently otherwise (crowded VisDrone and AI-TOD images hold 1,000 and more objects).
+    ``remedy`` says how to raise the cap; it is followed by the largest label count. True when it warned. val.run
+    calls it outside training; train.py once, when its validation loader is built, not at every validation."""
+    counts = np.array([len(labels) for labels in dataset.labels])
+    over = np.flatnonzero(counts > max_det)
+    if not len(over):
+        return False
+    most = int(counts.argmax())
+    LOGGER.warning(f"{dataset.prefix}{len(over)} of {len(counts)} images hold more labels than max_det {max_det} "
+                   f"detections can match (the most: {counts[most]} in {dataset.im_files[most]}), so their recall "
+                   f"is capped; {remedy} {counts[most]} or more")
+    return True
 
 
 def _check_static_size(model, imgsz: int, weights) -> None:
@@ -148,8 +180,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if training:
         model, device, half = _training_model(model, half)
     else:
-        model, device, imgsz, half, data = _load_for_cli(weights, device, batch_size, imgsz, half, data, single_cls,
-                                                          workers)
+        model, device, imgsz, half, data = _load_for_cli(locals())
     model.eval()
     max_det = detections_per_image(max_det, data)
     nc = 1 if single_cls else int(data["nc"])
@@ -161,6 +192,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
         agnostic=single_cls, multi_label=True)
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
+        warn_if_max_det_caps(dataloader.dataset, max_det, "raise --max-det (or the data YAML's max_det) to")
         save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     record = ValidationRecord(ConfusionMatrix(nc=nc), SizeBandStats() if size_bands or not training or verbose else None,
@@ -384,7 +416,7 @@ VAL_VALUE_RULES = OptionRules(positive=("batch_size",), non_negative=("workers",
 VAL_RULES = replace(VAL_VALUE_RULES, positive=(*VAL_VALUE_RULES.positive, "imgsz", "max_det"))
 
 
-def parse_opt(argv=None):
+def build_parser() -> OneLineErrorParser:
     parser = OneLineErrorParser(prog="python val.py", description=__doc__, upstream_flags=VAL_UPSTREAM_FLAGS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shared_flags(parser, project=ROOT / "runs/val", weights_help="checkpoint(s); several = ensemble",
@@ -410,7 +442,11 @@ def parse_opt(argv=None):
     parser.add_argument("--reduced-decode", action="store_true",
                         help="decode large JPEGs at 1/2, 1/4 or 1/8 scale in libjpeg when that still covers --imgsz")
     add_slice_arguments(parser)
-    opt = check_options(parser.parse_args(argv), VAL_RULES)
+    return parser
+
+
+def parse_opt(argv=None):
+    opt = check_options(build_parser().parse_args(argv), VAL_RULES)
     opt.save_txt |= opt.save_hybrid
     return opt
 

@@ -5,9 +5,12 @@ package: no sys.path edits in it, and tests reach it by module name, never by fi
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.project_files import project_files
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_SCRIPTS = {"train", "val", "detect", "audit", "export", "hubconf", "convert_checkpoint"}
@@ -15,9 +18,10 @@ NOT_PROJECT_CODE = {"tests", "benchmarks", "data", "runs", ".git"}
 
 
 def project_modules(root: Path) -> dict:
-    """``{dotted module name: path}`` for every .py file outside tests, benchmarks and data."""
+    """``{dotted module name: path}`` for every project .py file outside tests, benchmarks and data (never one
+    in a venv made inside the checkout: tests/support/project_files.py)."""
     modules = {}
-    for path in root.rglob("*.py"):
+    for path in project_files(root, ".py"):
         parts = path.relative_to(root).with_suffix("").parts
         if set(parts) & NOT_PROJECT_CODE or any(p.startswith(".") for p in parts):
             continue
@@ -141,7 +145,7 @@ def hidden_imports(root: Path) -> dict:
 def sys_path_uses(folder: Path) -> list:
     """``'file:line'`` of every ``sys.path`` expression in the .py files under ``folder``."""
     found = []
-    for path in sorted(folder.rglob("*.py")):
+    for path in project_files(folder, ".py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
                 found.append(f"{path.relative_to(folder)}:{node.lineno}")
@@ -154,7 +158,7 @@ BENCHMARK_FILE = re.compile(r"benchmarks[/\\][\w/\\]*\.py")
 def benchmark_file_paths(folder: Path) -> list:
     """``'file:line'`` of every string (docstrings aside) that is a path to a .py file under benchmarks/."""
     found = []
-    for path in sorted(folder.rglob("*.py")):
+    for path in project_files(folder, ".py"):
         source = path.read_text(encoding="utf-8")
         if not BENCHMARK_FILE.search(source):
             continue
@@ -173,7 +177,7 @@ def imports_of_test_modules(folder: Path) -> list:
     """``'file:line -> tests.test_x'`` for every import, anywhere in a .py file under ``folder`` (the tests/
     package), of a test module: shared helpers belong in tests/support/, never in another test file."""
     found = []
-    for path in sorted(folder.rglob("*.py")):
+    for path in project_files(folder, ".py"):
         package = [folder.name, *path.parent.relative_to(folder).parts]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
@@ -288,6 +292,40 @@ def test_checker_flags_a_planted_import_of_one_test_module_by_another(tmp_path):
         "test_d.py:1 -> tests.test_a", "test_d.py:2 -> tests.test_b", "test_d.py:3 -> tests.test_e"]
 
 
+def _plant_a_checkout(root: Path) -> None:
+    """Project files beside two venvs (each holding a file no Python parses), a hidden cache folder and a tracked
+    tool in a hidden folder."""
+    files = {"utils/a.py": "import os\n", "deep/sub/ok.py": "", "utils/notes.txt": "", ".ci/tool.py": "",
+             ".cache/stale.py": "", "ignored/q.py": "", ".gitignore": "ignored/\n",
+             "venv/pyvenv.cfg": "", "venv/lib/site-packages/torch/broken.py": "def broken(:\n",
+             ".newvenv/pyvenv.cfg": "", ".newvenv/lib/mod.py": "def broken(:\n",
+             "deep/sub/env/pyvenv.cfg": "", "deep/sub/env/lib/mod.py": "def broken(:\n"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_scans_read_only_the_projects_files_never_a_venv_inside_the_checkout(tmp_path):
+    """``python -m venv .venv`` in the checkout put torch's own tests (Python 3.12 syntax) into the scans."""
+    _plant_a_checkout(tmp_path)
+    relative = lambda paths: [p.relative_to(tmp_path).as_posix() for p in paths]  # noqa: E731
+    assert relative(project_files(tmp_path, ".py")) == ["deep/sub/ok.py", "ignored/q.py", "utils/a.py"]
+    assert set(project_modules(tmp_path)) == {"utils.a", "deep.sub.ok", "ignored.q"}
+
+
+def test_in_a_git_checkout_scans_read_tracked_files_and_untracked_ones_git_does_not_ignore(tmp_path):
+    _plant_a_checkout(tmp_path)
+    try:
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, capture_output=True, timeout=60)
+        subprocess.run(["git", "-C", str(tmp_path), "add", "utils/a.py", ".ci/tool.py"], check=True,
+                       capture_output=True, timeout=60)
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"no usable git here ({e})")
+    relative = [p.relative_to(tmp_path).as_posix() for p in project_files(tmp_path, ".py")]
+    assert relative == [".ci/tool.py", "deep/sub/ok.py", "utils/a.py"]  # a tracked file in a hidden folder counts
+    assert set(project_modules(tmp_path)) == {"utils.a", "deep.sub.ok"}
+
+
 # ----------------------------------------------------------------------------- the project
 
 
@@ -314,7 +352,7 @@ def test_no_product_code_loads_code_by_file_path():
 
 
 def test_benchmarks_are_a_package_without_path_edits():
-    folders = {path.parent for path in (ROOT / "benchmarks").rglob("*.py")}
+    folders = {path.parent for path in project_files(ROOT / "benchmarks", ".py")}
     assert [str(f) for f in sorted(folders) if not (f / "__init__.py").is_file()] == []
     assert sys_path_uses(ROOT / "benchmarks") == []
 

@@ -19,10 +19,11 @@ import pytest
 import benchmarks.cli
 from benchmarks.cli import map_in_workers
 from utils.errors import UserError
+from tests.support.project_files import project_files
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = sorted(str(p.relative_to(ROOT).with_suffix("")).replace("/", ".")
-                  for p in (ROOT / "benchmarks").rglob("*.py")
+                  for p in project_files(ROOT / "benchmarks", ".py")
                   if "__main__" in p.read_text() and not {"gpu_proof", "figures"} & set(p.parts))
 BAD = {"positive": "0", "non_negative": "-1", "fractions": "1", "positive_numbers": "nan"}
 INPUT_FILES = ("hyp", "cfg", "data", "weights")  # flags that name a file the command reads

@@ -107,3 +107,27 @@ def test_a_record_that_is_not_one_is_exit_2_naming_the_file_not_a_verdict(tmp_pa
         err = captured.err.strip().splitlines()
         assert exit_info.value.code == 2 and captured.out == "", (broken, err)
         assert len(err) == 1 and err[0].startswith(f"ERROR: {b / 'determinism.json'}: "), err
+
+
+@pytest.mark.parametrize("damage", ["utf-16 results.csv", "empty opt.yaml", "empty hyp.yaml", "utf-16 opt.yaml",
+                                    "utf-16 determinism.json"])
+def test_a_run_file_in_another_encoding_or_empty_is_exit_2_naming_it(tmp_path, capsys, damage):
+    """A results.csv re-saved as UTF-16 ended in a UnicodeDecodeError traceback; an empty opt.yaml was reported
+    as "options DIFFER"."""
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    kind, name = damage.split()
+    target = b / name
+    target.write_bytes(b"" if kind == "empty" else target.read_text().encode("utf-16"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a), str(b)])
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert exit_info.value.code == 2 and captured.out == "", err
+    assert len(err) == 1 and err[0].startswith(f"ERROR: {target}: "), err
+    assert ("UTF-8" if kind == "utf-16" else "empty") in err[0]
+
+
+def test_a_results_csv_saved_with_a_byte_order_mark_compares_as_the_same(tmp_path):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    (b / "results.csv").write_bytes(ROWS.encode("utf-8-sig"))
+    assert compare_runs(a, b)[1]

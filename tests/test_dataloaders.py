@@ -17,30 +17,11 @@ from utils.errors import UserError
 from utils.dataset.image_io import apply_orientation, img2label_paths, read_image
 from utils.dataset.sampling import DeterministicBatchSampler
 from utils.dataset.sources import LoadImages
+from tests.support.image_sets import make_dataset, noise, warnings_about
 from tests.support.loader_batches import epoch_batches
 
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
-
-
-def _noise(h, w, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-
-
-def make_dataset(root: Path, n=6, size=(80, 96), split="train"):
-    """n JPEG images (h, w) = size with one or two labelled boxes each; returns the images folder."""
-    images, labels = root / "images" / split, root / "labels" / split
-    images.mkdir(parents=True)
-    labels.mkdir(parents=True)
-    for i in range(n):
-        cv2.imwrite(str(images / f"im{i}.jpg"), _noise(*size, seed=i))
-        rows = [f"{i % 3} 0.5 0.5 0.3 0.4"] + (["1 0.25 0.3 0.2 0.2"] if i % 2 else [])
-        (labels / f"im{i}.txt").write_text("\n".join(rows) + "\n")
-    return images
-
-
-def warnings_about(lines, name):
-    return [m for m in lines if name in m and "WARNING" in m]
 
 
 # ---------------------------------------------------------------- label and image verdicts
@@ -151,7 +132,7 @@ def test_missing_and_empty_labels_are_background_images(tmp_path, log_lines):
 
 
 def _truncated_jpeg(path):
-    ok, buf = cv2.imencode(".jpg", _noise(80, 96, 5))
+    ok, buf = cv2.imencode(".jpg", noise(80, 96, 5))
     path.write_bytes(buf.tobytes()[: len(buf) // 2])
 
 
@@ -159,7 +140,7 @@ BAD_IMAGES = [
     ("zero", lambda p: p.write_bytes(b""), "zero-byte file"),
     ("truncated", _truncated_jpeg, "unreadable image"),
     ("text", lambda p: p.write_text("this is not an image"), "not an image file"),
-    ("tiny", lambda p: cv2.imwrite(str(p), _noise(6, 40)), "below 10 pixels"),
+    ("tiny", lambda p: cv2.imwrite(str(p), noise(6, 40)), "below 10 pixels"),
 ]
 
 
@@ -211,7 +192,7 @@ def test_img2label_paths_replaces_the_last_images_folder():
 
 def _write_formats(folder: Path):
     """One image per awkward format; returns {name: expected (h, w)}."""
-    rgb = _noise(40, 50)
+    rgb = noise(40, 50)
     Image.fromarray(rgb[..., 0]).save(folder / "grey.png")
     Image.fromarray(np.dstack([rgb, np.full((40, 50), 128, np.uint8)])).save(folder / "rgba.png")
     cv2.imwrite(str(folder / "deep.png"), (rgb.astype(np.uint16) * 257))
@@ -227,7 +208,7 @@ def test_every_format_loads_as_three_channel_uint8(tmp_path):
         im = read_image(tmp_path / name)
         assert im is not None and im.shape == (40, 50, 3) and im.dtype == np.uint8, name
     deep = read_image(tmp_path / "deep.png")
-    np.testing.assert_array_equal(deep, _noise(40, 50))  # 16-bit x257 scales back to the 8-bit values
+    np.testing.assert_array_equal(deep, noise(40, 50))  # 16-bit x257 scales back to the 8-bit values
     ds = LoadImagesAndLabels(str(tmp_path), img_size=64)
     assert len(ds) == len(names)
     assert all(ds[i][0].shape == (3, 64, 64) for i in range(len(ds)))
@@ -235,7 +216,7 @@ def test_every_format_loads_as_three_channel_uint8(tmp_path):
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_apply_orientation_matches_pil_exif_transpose(orientation):
-    rgb = _noise(20, 30, orientation)
+    rgb = noise(20, 30, orientation)
     pil = Image.fromarray(rgb)
     exif = pil.getexif()
     exif[0x0112] = orientation
@@ -628,7 +609,7 @@ def _write_video(path, frames=6, size=(48, 64)):
 
 
 def test_load_images_mixes_images_and_video_frames(tmp_path):
-    cv2.imwrite(str(tmp_path / "a.jpg"), _noise(50, 70))
+    cv2.imwrite(str(tmp_path / "a.jpg"), noise(50, 70))
     _write_video(tmp_path / "clip.avi")
     (tmp_path / "readme.md").write_text("ignored")
     items = list(LoadImages(str(tmp_path), img_size=64, stride=32, vid_stride=2))
@@ -642,7 +623,7 @@ def test_load_images_mixes_images_and_video_frames(tmp_path):
 
 def test_load_images_from_glob_and_txt_list(tmp_path):
     for name in ("a.png", "b.png"):
-        cv2.imwrite(str(tmp_path / name), _noise(40, 40))
+        cv2.imwrite(str(tmp_path / name), noise(40, 40))
     assert len(LoadImages(str(tmp_path / "*.png"), img_size=64)) == 2
     (tmp_path / "list.txt").write_text("b.png\n")
     paths = [p for p, *_ in LoadImages(str(tmp_path / "list.txt"), img_size=64)]

@@ -179,3 +179,12 @@ def test_detect_finds_a_bare_data_yaml_name_for_class_names(tiny_pt, tmp_path, m
     assert detect.class_names(backend, "toy.yaml") == ["a", "b", "c", "d"] != backend.names
     with pytest.raises(UserError, match=r"^absent\.yaml: file not found$"):
         detect.class_names(backend, "absent.yaml")
+
+
+@pytest.mark.parametrize("shape, imgsz", [((4, 8000), 64), ((8000, 4), 64), ((2, 4000), 640)])
+def test_a_strip_thinner_than_one_pixel_at_the_input_size_is_padded_not_a_cv2_error(tiny_pt, shape, imgsz):
+    strip = np.full((*shape, 3), 128, np.uint8)  # scaled to imgsz, its short side rounds to 0 px
+    found = Detector(tiny_pt, imgsz=imgsz, conf=0.001)(strip)
+    assert isinstance(found, Detections) and len(found) > 0
+    h, w = shape
+    assert found.boxes.min() >= 0 and found.boxes[:, [0, 2]].max() <= w and found.boxes[:, [1, 3]].max() <= h

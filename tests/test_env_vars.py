@@ -12,6 +12,7 @@ import pytest
 
 from utils import env_vars
 from utils.errors import UserError
+from tests.support.project_files import project_files
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "environment.md"
@@ -97,12 +98,33 @@ def _environment_reads(tree: ast.AST) -> list[int]:
     return lines
 
 
+def environment_reads(root: Path) -> dict:
+    """``{path: lines that read the environment}`` for the project's .py files under ``root``, tests and run
+    folders aside (tests/support/project_files.py: never a venv made inside the checkout)."""
+    sources = [p for p in project_files(root, ".py") if not {"tests", "runs"} & set(p.relative_to(root).parts)]
+    return {p.relative_to(root).as_posix(): _environment_reads(ast.parse(p.read_text())) for p in sources}
+
+
 def test_no_code_outside_the_config_module_reads_the_environment():
-    sources = [p for p in ROOT.rglob("*.py") if not {"tests", ".git", "runs"} & set(p.relative_to(ROOT).parts)]
-    found = {str(p.relative_to(ROOT)): _environment_reads(ast.parse(p.read_text())) for p in sources}
+    found = environment_reads(ROOT)
     readers = {path: lines for path, lines in found.items() if lines and path != "utils/env_vars.py"}
     assert readers == {}
     assert found["utils/env_vars.py"]  # the check sees reads where they are
+
+
+def test_the_scan_leaves_out_a_venv_made_inside_the_checkout(tmp_path):
+    """A venv in the checkout holds torch's own tests, in syntax newer than some Pythons parse: the scan walked
+    into it and failed with a SyntaxError."""
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "reader.py").write_text("import os\nos.environ.get('X')\n")
+    for venv in ("venv", ".newvenv"):
+        package = tmp_path / venv / "lib" / "python3.11" / "site-packages" / "torch"
+        package.mkdir(parents=True)
+        (tmp_path / venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (package / "new_syntax.py").write_text("type Alias[T] = list[T]\n")  # Python 3.12 syntax
+        (package / "broken.py").write_text("def broken(:\n")
+        (package / "reads.py").write_text("import os\nos.getenv('Y')\n")
+    assert environment_reads(tmp_path) == {"utils/reader.py": [2]}
 
 
 def test_bad_values_in_every_variable_break_no_import():

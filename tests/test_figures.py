@@ -67,3 +67,22 @@ def test_an_unusable_out_is_one_line_before_any_training(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1
     assert err[0].startswith("ERROR: --out /proc/no-such/images: cannot write in /proc (")
+
+
+def test_draw_only_without_the_runs_is_exit_2_and_generates_nothing(tmp_path, monkeypatch, capsys):
+    """It exited 1 (the convention is 2 for a user error), and generated the matrix's data set first."""
+    from benchmarks.figures import __main__ as figures
+
+    cache = tmp_path / "figures"
+    monkeypatch.setattr(runs, "CACHE", cache)
+    monkeypatch.setattr(runs, "MATRIX_ARGV", [*runs.MATRIX_ARGV[:-1], str(cache / "matrix")])
+    finished = cache / runs.DETECTOR["name"]
+    for missing in ("detector", "matrix"):
+        with pytest.raises(SystemExit) as exit_info:
+            figures.main(["--draw-only", "--out", str(tmp_path / "images")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1 and "run without --draw-only to train it" in err[0], err
+        assert ("is not a finished run" if missing == "detector" else "has no row.json") in err[0]
+        assert not (cache / "matrix" / "data").exists()  # the matrix's data set was not generated
+        finished.mkdir(parents=True, exist_ok=True)  # the detector's run is there now; the matrix's are not
+        monkeypatch.setattr(runs, "finished", lambda run_dir, epochs: run_dir == finished)

@@ -106,3 +106,37 @@ def test_validation_uses_the_data_yaml_max_det(trained_tiny, shapes_data, tmp_pa
     val.run(data, weights=str(trained_tiny), batch_size=8, imgsz=64, device="cpu", workers=0, project=tmp_path,
             name="v2", plots=False, max_det=7)
     assert set(seen) == {7}
+
+
+def _crowded_yaml(shapes_data, tmp_path, max_det=None):
+    """The shapes data set's YAML, with ``max_det`` when given; returns (yaml, largest label count in val)."""
+    yaml_file = tmp_path / "crowded.yaml"
+    yaml_file.write_text(shapes_data.read_text() + (f"max_det: {max_det}\n" if max_det else ""))
+    labels = Path(yaml_load(yaml_file)["path"]) / "labels" / "val"
+    return yaml_file, max(len(f.read_text().splitlines()) for f in labels.glob("*.txt"))
+
+
+def test_val_warns_once_when_images_hold_more_labels_than_max_det(trained_tiny, shapes_data, tmp_path, log_lines):
+    """Recall cannot pass max_det / labels on an image; val.py used to report such a capped recall in silence."""
+    yaml_file, most = _crowded_yaml(shapes_data, tmp_path)
+    assert most >= 2
+    val.run(str(yaml_file), weights=str(trained_tiny), batch_size=8, imgsz=64, device="cpu", workers=0,
+            project=tmp_path, name="capped", plots=False, max_det=most - 1)
+    warnings = [m for m in log_lines if "max_det" in m and "WARNING" in m]
+    assert len(warnings) == 1, log_lines
+    assert f"max_det {most - 1} " in warnings[0] and f"the most: {most} in " in warnings[0]
+    assert f"raise --max-det (or the data YAML's max_det) to {most} or more" in warnings[0]
+    log_lines.clear()
+    val.run(str(yaml_file), weights=str(trained_tiny), batch_size=8, imgsz=64, device="cpu", workers=0,
+            project=tmp_path, name="enough", plots=False, max_det=most)
+    assert not [m for m in log_lines if "max_det" in m and "WARNING" in m]
+
+
+@pytest.mark.slow
+def test_training_warns_once_for_all_its_validations(shapes_data, tiny_cfg, tmp_path, log_lines):
+    from tests.support.training_runs import train_run
+
+    yaml_file, most = _crowded_yaml(shapes_data, tmp_path, max_det=1)
+    train_run(tmp_path, yaml_file, tiny_cfg, epochs=2, noplots=True)  # validates after both epochs, then best.pt
+    warnings = [m for m in log_lines if "max_det" in m and "WARNING" in m]
+    assert len(warnings) == 1 and f"set max_det in the data YAML to {most} or more" in warnings[0], log_lines

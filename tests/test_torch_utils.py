@@ -424,3 +424,69 @@ def test_deterministic_switch_matches_torchs_and_reaches_inductor_without_import
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True", "False", "1", "True", "False", "False"]
+
+
+def _cpu_machine_with_a_cuda_build(monkeypatch):
+    """torch built with cuDNN on a machine without a usable GPU; asking cuDNN's version would load the library."""
+    def load_cudnn():
+        raise AssertionError("cuDNN was loaded on a machine without CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", load_cudnn)
+
+
+def test_nothing_loads_cudnn_where_cuda_is_not_available(monkeypatch):
+    """Under ``ulimit -v`` that load aborted training (SIGABRT) after --cache ram's warning."""
+    from types import SimpleNamespace
+
+    from utils.ddp import DistInfo
+    from utils.determinism.env import environment_report
+    from utils.determinism.reproducibility import determinism_report
+    from utils.torch_utils import configure_determinism, cudnn_version
+
+    _cpu_machine_with_a_cuda_build(monkeypatch)
+    assert cudnn_version() is None and environment_report()["cudnn_version"] is None
+    report = determinism_report(policy=configure_determinism("scoped"), audit=None,
+                                opt=SimpleNamespace(seed=0, workers=0), dist=DistInfo(),
+                                dataset=SimpleNamespace(im_files=[], label_files=[]), device=torch.device("cpu"))
+    assert report["versions"]["cudnn"] is None
+
+
+ADDRESS_SPACE_CHILD = """
+import re, resource, sys
+from types import SimpleNamespace
+import torch
+from utils.ddp import DistInfo
+from utils.determinism.env import environment_report
+from utils.determinism.reproducibility import determinism_report
+from utils.torch_utils import configure_determinism
+size = int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + 48 * 2**20, resource.RLIM_INFINITY))
+if sys.argv[1] == "cudnn":
+    torch.backends.cudnn.version()
+else:
+    environment_report()
+    determinism_report(policy=configure_determinism("scoped"), audit=None, opt=SimpleNamespace(seed=0, workers=0),
+                       dist=DistInfo(), dataset=SimpleNamespace(im_files=[], label_files=[]), device=torch.device("cpu"))
+print("reported")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or not torch.backends.cudnn.is_available() or
+                    not os.path.exists("/proc/self/status"), reason="needs a CUDA build of torch on a machine without "
+                    "a GPU, on Linux")
+def test_the_run_records_are_written_under_an_address_space_limit_that_cudnn_does_not_fit():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = lambda what: subprocess.run([sys.executable, "-c", ADDRESS_SPACE_CHILD, what], cwd=root,  # noqa: E731
+                                      capture_output=True, text=True, timeout=120)
+    control = run("cudnn")
+    if control.returncode == 0:
+        pytest.skip("cuDNN loads within 48 MB of address space here: the limit cannot show the fault")
+    records = run("records")
+    assert records.returncode == 0 and records.stdout.strip() == "reported", records.stderr[-2000:]

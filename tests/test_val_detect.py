@@ -461,6 +461,22 @@ def test_val_run_applies_the_rest_of_the_command_lines_rules(trained, shapes_dat
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"conf_thres": 2}, r"^--conf-thres 2: must be a number between 0\.0 and 1\.0$"),
+    ({"iou_thres": -0.5}, r"^--iou-thres -0\.5: must be a number between 0\.0 and 1\.0$"),
+    ({"reduced_decode": "no"}, r"^val\.run: reduced_decode='no': expected True or False$"),
+    ({"save_txt": 1}, r"^val\.run: save_txt=1: expected True or False$"),
+])
+def test_val_run_refuses_thresholds_and_switches_before_the_run_folder(trained, shapes_data, tmp_path, options,
+                                                                     message):
+    """Thresholds were checked inside NMS, after the run folder was made; reduced_decode='no' turned the option
+    on (train.run refuses it)."""
+    _, weights = trained
+    with pytest.raises(UserError, match=message):
+        val.run(str(shapes_data), weights=weights, imgsz=64, device="cpu", project=tmp_path, **options)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("weights", [None, 123, [], [None]])
 def test_weights_that_name_no_file_are_one_line_from_python(shapes_data, tmp_path, weights):
     """val.run(weights=None), detect.run(None, ...) and export.run(None) used to end in "'NoneType' object is not

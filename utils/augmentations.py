@@ -33,7 +33,7 @@ def letterbox(im, new_shape=(640, 640), color=PAD_COLOUR, auto=True, scaleFill=F
     if not scaleup:
         r = min(r, 1.0)
     ratio = r, r
-    new_unpad = int(round(shape[1] * r)), int(round(shape[0] * r))
+    new_unpad = max(int(round(shape[1] * r)), 1), max(int(round(shape[0] * r)), 1)  # a thin strip keeps 1 px
     dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
     if auto:
         dw, dh = np.mod(dw, stride), np.mod(dh, stride)

@@ -131,6 +131,15 @@ def select_device(device="", batch_size: int = 0) -> torch.device:
     return torch.device("cuda", ids[slot])
 
 
+def cudnn_version() -> int | None:
+    """cuDNN's version where CUDA is available, else None. Asking loads the library: on a machine without a
+    usable GPU under an address-space limit (``ulimit -v``, common on shared clusters) that load aborts the
+    process (SIGABRT, "Cannot load symbol cudnnGetVersion"), so nothing else here may ask."""
+    if torch.cuda.is_available() and torch.backends.cudnn.is_available():
+        return torch.backends.cudnn.version()
+    return None
+
+
 def time_sync() -> float:
     """Seconds from a monotonic clock, after waiting for queued CUDA work (accurate GPU timing)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -12,6 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from utils.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "runs" / "figures"
 STAMP = "trained-at.txt"  # the commit a run was trained at, written when it finishes
@@ -62,7 +64,7 @@ def detector_run(train: bool) -> Path:
     run_dir = CACHE / DETECTOR["name"]
     if not finished(run_dir, DETECTOR["epochs"]):
         if not train:
-            raise SystemExit(f"ERROR: {run_dir} is not a finished run; run without --draw-only to train it")
+            raise UserError(f"{run_dir} is not a finished run; run without --draw-only to train it")
         import torch
 
         import train as train_script
@@ -78,6 +80,7 @@ def matrix_rows(train: bool) -> list[dict]:
     from benchmarks.accuracy import matrix
 
     opt = matrix.parse_opt(MATRIX_ARGV)
+    opt.report_only = not train  # drawing generates no data: the jobs only locate the runs
     jobs = matrix.jobs_for(opt, opt.out.resolve())
     if train:
         matrix.main(MATRIX_ARGV)
@@ -85,7 +88,7 @@ def matrix_rows(train: bool) -> list[dict]:
     for job in jobs:
         run_dir = Path(job["out"]) / "runs" / matrix.run_name(job)
         if not (run_dir / "row.json").exists():
-            raise SystemExit(f"ERROR: {run_dir} has no row.json; run without --draw-only to train it")
+            raise UserError(f"{run_dir} has no row.json; run without --draw-only to train it")
         stamp(run_dir)
         rows.append({**json.loads((run_dir / "row.json").read_text()), "run_dir": run_dir})
     return rows

@@ -3,10 +3,17 @@
 A cached image is the one samples are built from (shrunk to ``img_size`` when larger, never
 enlarged), in RAM and in the ``.npy`` files of ``--cache disk`` alike, so cached and uncached
 training give bit-identical batches, and a 2000 x 1500 JPEG costs a 640-px array, not 9 MB.
+
+A ``--cache disk`` entry is two ``.npy`` records in one file: the image (what ``np.load`` of the file
+returns), then its key, the size and SHA-256 of the image file's bytes it was made from
+(:func:`source_key`). Each run checks every entry against the image's bytes before using it, whatever
+the timestamps say (``cp -p``, ``tar`` and ``rsync -a`` keep them), and rebuilds an entry made from other
+bytes, by an older version, or that cannot be read. Nothing is unpickled. The RAM cache is filled from
+the files at the start of every run, so it cannot hold another run's pixels.
 """
 
 import contextlib
-import io
+import hashlib
 import math
 import os
 import resource
@@ -18,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.errors import UserError
-from utils.files import atomic_write_bytes
+from utils.files import atomic_open
 from utils.dataset.image_io import NUM_THREADS, jpeg_reduction, read_image
 from utils.logging import LOGGER
 
@@ -99,6 +106,36 @@ def _available_memory() -> tuple[int, str]:
     return max(available, 0), name
 
 
+CACHE_FORMAT = "ffca-image-cache-1"  # first word of every key: a new entry layout rebuilds the old entries
+
+
+def source_key(path) -> str:
+    """The key of a ``--cache disk`` entry made from the image file ``path`` as it is now: the entry layout,
+    the file's size and the SHA-256 of its bytes (reading and hashing cost a fraction of a decode)."""
+    data = Path(path).read_bytes()
+    return f"{CACHE_FORMAT} {len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def read_entry(path) -> tuple[np.ndarray, str]:
+    """``(image, key)`` of a ``--cache disk`` file; the key is '' in a file written before keys existed.
+    A file that is not two ``.npy`` records raises ValueError (or OSError); pickled data is refused."""
+    with open(path, "rb") as f:
+        im = np.lib.format.read_array(f, allow_pickle=False)
+        if not f.peek(1):
+            return im, ""
+        key = np.lib.format.read_array(f, allow_pickle=False)
+    if key.dtype.kind != "U" or key.ndim != 0:
+        raise ValueError(f"{path}: the record after the image is not a cache key")
+    return im, str(key)
+
+
+def write_entry(path, im: np.ndarray, key: str) -> None:
+    """Write ``im`` and its ``key`` as a ``--cache disk`` file, atomically (see :func:`read_entry`)."""
+    with atomic_open(path, "wb") as f:
+        np.save(f, im, allow_pickle=False)
+        np.save(f, np.array(key), allow_pickle=False)
+
+
 class ImageCache:
     """The images of a data set as upright BGR uint8 arrays, indexed like ``im_files``.
 
@@ -118,7 +155,9 @@ class ImageCache:
         self.n = len(im_files)
         self.ims = [None] * self.n  # RAM cache of base images (see base_image)
         self.npy_files = [f"{Path(f).with_suffix('')}.{self._cache_tag()}.npy" for f in im_files]
+        self.entry_keys = [None] * self.n  # key of each .npy checked against its image this run; None: not used
         self.disk = mode == "disk"
+        self._read_around = False  # whether a checked .npy that later failed to load was already reported
         per_image = self._announce_size(mode) if mode in ("ram", "disk") else 0.0
         if mode == "ram" and self._ram_fits(per_image):
             self._cache_in_ram()
@@ -155,9 +194,20 @@ class ImageCache:
         """
         if self.ims[i] is not None:
             return self.ims[i]
-        if self.disk and os.path.isfile(self.npy_files[i]):
-            return np.load(self.npy_files[i], allow_pickle=False)  # written shrunk: shrinking again could change it
+        if self.disk and self.entry_keys[i] is not None:
+            with contextlib.suppress(OSError, ValueError):
+                im, key = read_entry(self.npy_files[i])
+                if key == self.entry_keys[i]:
+                    return im  # written shrunk: shrinking again could change it
+            self._report_read_around(i)
         return self._shrunk(*self._decode(i))
+
+    def _report_read_around(self, i):
+        """Warn once that a .npy checked at start-up no longer holds what it did (rewritten or damaged since)."""
+        if not self._read_around:
+            self._read_around = True
+            LOGGER.warning(f"{self.prefix}--cache disk: {self.npy_files[i]} changed or became unreadable during "
+                           "the run; its image is decoded instead (training is unchanged, only slower)")
 
     def _shrunk(self, im, full_hw):
         """The decoded ``im`` of an image ``full_hw`` (h0, w0) in size, shrunk so its long side is ``img_size``
@@ -187,10 +237,15 @@ class ImageCache:
         w0, h0 = (int(v) for v in self.shapes[i])
         return self.base_image(i), self.resized_shape(h0, w0)
 
+    def _cached_hw(self, i) -> tuple[int, int]:
+        """(h, w) of image i as cached: ``img_size`` on the long side when larger (see :meth:`_shrunk`)."""
+        w0, h0 = (int(v) for v in self.shapes[i])
+        h, w = self.resized_shape(h0, w0)
+        return (h, w) if not self.full_size and (h < h0 or w < w0) else (h0, w0)
+
     def _announce_size(self, mode: str) -> float:
-        """Bytes per cached image, estimated from a sample of up to 30, and the total, logged before filling."""
-        sample = np.linspace(0, self.n - 1, min(self.n, 30)).astype(int)
-        per_image = float(np.mean([self.base_image(i).nbytes for i in sample]))
+        """Bytes per cached image (exact, from the scanned sizes) and the total, logged before filling."""
+        per_image = float(np.mean([3 * math.prod(self._cached_hw(i)) for i in range(self.n)]))
         LOGGER.info(f"{self.prefix}--cache {mode}: about {per_image / 1e6:.2f} MB per image as cached "
                     f"({self._cache_tag()}), {per_image * self.n / 1e9:.3f} GB for {self.n} images")
         return per_image
@@ -211,26 +266,79 @@ class ImageCache:
             for i, im in enumerate(tqdm(loaded, total=self.n, desc=desc, leave=False)):
                 self.ims[i] = im
 
-    def _write_npy(self, i):
-        """Save image i as .npy beside it unless an up-to-date one exists (atomically)."""
-        npy = Path(self.npy_files[i])
-        if npy.exists() and npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
-            return
-        buf = io.BytesIO()
-        np.save(buf, self._shrunk(*self._decode(i)), allow_pickle=False)
-        atomic_write_bytes(npy, buf.getvalue())
+    def _entry_state(self, i, key: str) -> str:
+        """What image i's .npy holds against ``key``: 'valid', 'missing', 'stale' (other bytes, or written before
+        keys existed) or 'damaged' (not two .npy records, or not a 3-channel uint8 image)."""
+        try:
+            im, stored = read_entry(self.npy_files[i])
+        except FileNotFoundError:
+            return "missing"
+        except (OSError, ValueError):
+            return "damaged"
+        if stored != key:
+            return "stale"
+        return "valid" if im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3 else "damaged"
+
+    def _source_key(self, i) -> str:
+        try:
+            return source_key(self.im_files[i])
+        except OSError as e:
+            raise UserError(f"{self.prefix}{self.im_files[i]}: image can no longer be read ({e.strerror or e}); "
+                            "it changed since the scan: run again") from None
+
+    def _check_or_write(self, i, written: list) -> str:
+        """Keep image i's .npy if it was made from the image's present bytes, else write it (atomically, appending
+        its path to ``written``); the entry is then used. Returns the state the entry was found in."""
+        key = self._source_key(i)
+        state = self._entry_state(i, key)
+        if state != "valid":
+            im = self._shrunk(*self._decode(i))
+            if self._source_key(i) != key:  # the pixels must come from the bytes the key names
+                raise UserError(f"{self.prefix}{self.im_files[i]}: the image changed while it was being cached; "
+                                "run again once nothing writes to the data set")
+            write_entry(self.npy_files[i], im, key)
+            written.append(self.npy_files[i])
+        self.entry_keys[i] = key
+        return state
 
     def _cache_on_disk(self):
-        """Write the .npy files; if the data set's folder cannot take them (read-only, full), warn once and read
-        the images themselves instead: training is slower, never different."""
-        try:
-            with ThreadPool(NUM_THREADS) as pool:
-                for _ in tqdm(pool.imap(self._write_npy, range(self.n)), total=self.n,
-                              desc=f"{self.prefix}Caching images (disk)", leave=False):
-                    pass
-        except OSError as e:
-            self.disk = False  # a half-written cache may hold stale files; read every image instead
-            folder = Path(e.filename or self.npy_files[0]).parent
-            LOGGER.warning(f"{self.prefix}--cache disk: cannot write .npy files in {folder} ({e.strerror or e}); "
-                           "images are read without a cache (use --cache ram, or make the data set's folder "
-                           "writable)")
+        """Check or write the .npy files; if the data set's folder cannot take them (read-only, full), delete the
+        ones this run wrote, warn once and read the images themselves instead: training is slower, never different."""
+        written, failures = [], []
+
+        def check_or_write(i):
+            if failures:  # the folder refused a write: writing more would fail too
+                return None
+            try:
+                return self._check_or_write(i, written)
+            except OSError as e:
+                failures.append(e)
+                return None
+
+        with ThreadPool(NUM_THREADS) as pool:  # every task returns before the pool closes: no write outlives it
+            states = list(tqdm(pool.imap(check_or_write, range(self.n)), total=self.n,
+                               desc=f"{self.prefix}Caching images (disk)", leave=False))
+        if failures:
+            self._give_up_disk(failures[0], written)
+        else:
+            self._report_rebuilt(states)
+
+    def _give_up_disk(self, error: OSError, written: list):
+        """Use no .npy file, delete the ones this run wrote, and say why once."""
+        self.disk, self.entry_keys = False, [None] * self.n
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        folder = Path(error.filename or self.npy_files[0]).parent
+        LOGGER.warning(f"{self.prefix}--cache disk: cannot write .npy files in {folder} ({error.strerror or error}); "
+                       "images are read without a cache (use --cache ram, or make the data set's folder writable)")
+
+    def _report_rebuilt(self, states: list):
+        """One line for the entries rebuilt because their image's bytes changed, one warning for damaged ones."""
+        for state, say in (("stale", LOGGER.info), ("damaged", LOGGER.warning)):
+            found = [self.npy_files[i] for i, s in enumerate(states) if s == state]
+            if found:
+                what = ("made from other image bytes (the image was replaced) or by an older version"
+                        if state == "stale" else "unreadable (truncated or not a cache file)")
+                say(f"{self.prefix}--cache disk: {len(found)} .npy file(s) {what}, rebuilt from the images "
+                    f"(first: {found[0]})")

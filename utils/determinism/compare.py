@@ -50,7 +50,7 @@ def _read_run(run_dir: Path) -> dict:
     if not report_path.is_file():
         raise UserError(f"{report_path}: file not found; compare needs run folders written by train.py")
     try:
-        report = json.loads(report_path.read_text())
+        report = json.loads(_utf8_text(report_path))
     except json.JSONDecodeError as e:
         raise UserError(f"{report_path}: not valid JSON ({e})") from None
     check_record(report, report_path)
@@ -59,10 +59,33 @@ def _read_run(run_dir: Path) -> dict:
     results = run_dir / "results.csv"
     rows = []
     if results.is_file():
-        with open(results, newline="") as f:
-            rows = [[cell.strip() for cell in row] for row in csv.reader(f)]
-    return {"opt": yaml_load(run_dir / "opt.yaml"), "hyp": yaml_load(run_dir / "hyp.yaml"),
+        try:
+            rows = [[cell.strip() for cell in row] for row in csv.reader(_utf8_text(results).splitlines())]
+        except csv.Error as e:
+            raise UserError(f"{results}: not a CSV file train.py wrote ({e})") from None
+    return {"opt": _settings(run_dir / "opt.yaml"), "hyp": _settings(run_dir / "hyp.yaml"),
             "report": report, "rows": rows}
+
+
+def _utf8_text(path: Path) -> str:
+    """The text of a file train.py wrote (UTF-8; a byte-order mark, as a spreadsheet's "CSV UTF-8" adds, is
+    dropped); other encodings are one UserError naming the file, not a UnicodeDecodeError."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text (re-saved in another encoding, e.g. UTF-16 by a spreadsheet?); "
+                        "compare needs the file as train.py wrote it") from None
+
+
+def _settings(path: Path) -> dict:
+    """opt.yaml or hyp.yaml of a run: an empty one is an unreadable run folder, not a run whose options all
+    differ."""
+    if path.is_file():
+        _utf8_text(path)  # another encoding is named as such, not parsed into options that differ
+    settings = yaml_load(path)
+    if not settings:
+        raise UserError(f"{path}: empty; compare needs the file as train.py wrote it")
+    return settings
 
 
 def _differences(a: dict, b: dict, keys, prefix: str = "") -> list:

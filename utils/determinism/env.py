@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from utils.env_vars import recorded
-from utils.torch_utils import determinism_state
+from utils.torch_utils import cudnn_version, determinism_state
 from utils.torchvision_ops import version as torchvision_version
 
 
@@ -47,7 +47,6 @@ def _cpu_model() -> str | None:
 def environment_report() -> dict:
     """Versions, CUDA/cuDNN, GPUs, thread counts and determinism state as plain data."""
     cuda_available = torch.cuda.is_available()
-    cudnn_available = torch.backends.cudnn.is_available()
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -57,7 +56,7 @@ def environment_report() -> dict:
         "numpy": np.__version__,
         "cuda_available": cuda_available,
         "cuda_version": torch.version.cuda,
-        "cudnn_version": torch.backends.cudnn.version() if cudnn_available else None,
+        "cudnn_version": cudnn_version(),
         "gpus": _gpus() if cuda_available else [],
         "cpu": _cpu_model(),
         # the vector width of ATen's CPU kernels: processors that differ here round some sums differently

@@ -10,6 +10,7 @@ import torch
 
 from utils.env_vars import recorded, recorded_nccl
 from utils.files import atomic_write_bytes
+from utils.torch_utils import cudnn_version
 from utils.torchvision_ops import version as torchvision_version
 
 
@@ -71,7 +72,7 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=
             "torch": torch.__version__,
             "torchvision": torchvision_version(),
             "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "cudnn": cudnn_version(),
         },
         "devices": device_names(device),
         "CUBLAS_WORKSPACE_CONFIG": recorded("CUBLAS_WORKSPACE_CONFIG"),
