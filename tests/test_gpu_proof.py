@@ -342,9 +342,10 @@ def test_the_fault_launcher_rejects_a_bad_batch(capsys):
 
 def test_no_product_code_holds_a_test_only_kill_switch():
     """The mid-epoch SIGKILL is a callback of the proof's own launcher, not a switch that train.py reads."""
+    from tests.support.project_files import project_files
+
     root = Path(__file__).resolve().parents[1]
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True, check=True)
-    product = [root / p for p in tracked.stdout.split() if p.split("/")[0] not in ("tests", "benchmarks")]
+    product = [p for p in project_files(root, ".py") if p.relative_to(root).parts[0] not in ("tests", "benchmarks")]
     assert product, "no product sources found"
     for path in product:
         text = path.read_text(errors="replace")
