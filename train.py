@@ -212,7 +212,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
     names = ["item"] if opt.single_cls else list(data_dict["names"])
     model = build_model(opt, hyp, len(names), names, device, resume_ckpt)
     freeze_layers(model, opt.freeze)
-    amp = amp_for_run(model, resume_ckpt)
+    amp = amp_for_run(model, resume_ckpt, dist)
     grid = grid_size(model)
     imgsz = check_img_size(opt.imgsz, grid, floor=grid * 2)
     opt.train_tiles = resolve_tile_size(getattr(opt, "train_tiles", None), data_dict, grid, resume_ckpt, opt.rect)

@@ -76,13 +76,16 @@ def base_model():
 
 @pytest.fixture(autouse=True)
 def restore_global_determinism():
-    """Each test starts and ends with PyTorch's global determinism switches as they were."""
+    """Each test starts and ends with PyTorch's global determinism switches as they were, the NaN fill of new
+    tensors included."""
     state = (torch.are_deterministic_algorithms_enabled(),
              torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.utils.deterministic.fill_uninitialized_memory)
     yield
     torch.use_deterministic_algorithms(state[0], warn_only=state[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = state[2], state[3]
+    torch.utils.deterministic.fill_uninitialized_memory = state[4]
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """utils/ddp.py without processes: where a process sits, and the rank-0-first order."""
 
 import pytest
+import torch
 
 from utils import ddp
 from utils.ddp import DistInfo, dist_info_from_env, rank_zero_first
@@ -43,3 +44,37 @@ def test_a_lost_peer_is_one_line_naming_the_rank_and_the_timeout():
     assert "rank 3 lost another rank" in lost_peer_line(error, DistInfo(rank=3, local_rank=1, world_size=4))
     assert lost_peer_line(RuntimeError("out of memory"), DistInfo(rank=0, local_rank=0, world_size=2)) is None
     assert lost_peer_line(error, DistInfo()) is None  # not a DDP run
+
+
+# NCCL's messages as torch's ProcessGroupNCCL words them (the NCCL error's first line, then NCCL's own detail)
+NCCL_TIMEOUT = ("[PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=212, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+                "1800064 milliseconds before timing out.")
+NCCL_REMOTE = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, remote process exited or "
+               "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a "
+               "network error or a remote process exiting prematurely.\nLast error:\nsocketProgress: Connection "
+               "closed by remote peer node-2<56202>")
+NCCL_ABORTED = ("[PG ID 0 PG GUID 0(default_pg) Rank 2] NCCL communicator was aborted on rank 2. (Watchdog caught "
+                "exception: remote error detected from rank: 3)")
+NCCL_CUDA = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error (run "
+             "with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call to CUDA function "
+             "failed.\nLast error:\nCuda failure 'out of memory'")
+
+
+@pytest.mark.parametrize("message, rank, world_size, start", [
+    (NCCL_TIMEOUT, 0, 2, "rank 0 lost rank 1 (NCCL collective timed out): its process or node stopped"),
+    (NCCL_REMOTE, 1, 4, "rank 1 lost another rank (NCCL remote error: a peer's process exited or the network failed)"),
+    (NCCL_ABORTED, 2, 4, "rank 2 lost rank 3 (NCCL communicator aborted after an error)"),
+    (NCCL_CUDA, 1, 4, "rank 1: NCCL error (unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version "
+                      "2.21.5): a collective failed on this rank"),
+])
+def test_an_nccl_failure_is_one_line_too(message, rank, world_size, start):
+    for error in (RuntimeError(message), torch.distributed.DistBackendError(message)):
+        line = lost_peer_line(error, DistInfo(rank=rank, local_rank=rank, world_size=world_size))
+        assert line.startswith(start) and "FFCA_DDP_TIMEOUT_MIN=" in line and "\n" not in line, line
+        assert lost_peer_line(error, DistInfo()) is None  # not a DDP run
+
+
+def test_an_nccl_configuration_error_keeps_its_traceback():
+    error = RuntimeError("ProcessGroupNCCL is only supported with GPUs, no GPUs found!")
+    assert lost_peer_line(error, DistInfo(rank=0, local_rank=0, world_size=2)) is None

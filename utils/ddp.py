@@ -131,26 +131,58 @@ def max_over_ranks(values: list, info: DistInfo) -> list:
 
 
 def rank_ordered_mean_hook(process_group, bucket):
-    """DDP communication hook: every rank's gradients gathered, then summed in rank order.
+    """DDP communication hook: each element's mean over the ranks, summed in rank order, for all-reduce traffic.
 
     DDP's default all-reduce sums a bucket's elements in an order set by where each element sits in
     the bucket, and DDP lays its buckets out anew after the first iteration of every DDP object.
     A resumed run builds a fresh DDP, so its first step sums on the initial layout while the
     uninterrupted run is already on the rebuilt one; with three or more ranks ``(a + b) + c`` and
     ``a + (b + c)`` differ in the last bit. NCCL may also pick ring, tree or NVLS by message size.
-    Gathering and adding ``rank 0 + rank 1 + ...`` element-wise makes each sum independent of bucket
-    layout, algorithm and topology. It moves ``world_size`` times a bucket instead of about twice.
+    Here every element is ``(rank 0 + rank 1 + ... + rank W-1) / W``, added left to right in the
+    bucket's dtype, whatever the layout, algorithm or topology.
+
+    Each rank owns one shard of the bucket (padded to a multiple of W): an all-to-all brings it every
+    rank's copy of that shard, the rank adds them in rank order, and an all-gather returns the means
+    to every rank. Each rank sends ``2 (W-1)/W`` of the bucket, as a ring all-reduce does, and holds
+    at most two bucket-sized buffers besides the bucket. The all-to-all is waited for inside the hook
+    so that every rank issues its collectives in DDP's bucket order (on CUDA that wait is a stream
+    dependency, not a host stall).
     """
     group = process_group if process_group is not None else dist.group.WORLD
     world_size = dist.get_world_size(group)
     grads = bucket.buffer()
-    parts = [torch.empty_like(grads) for _ in range(world_size)]
-    work = dist.all_gather(parts, grads, group=group, async_op=True)
+    if grads.numel() == 0:
+        done = torch.futures.Future()
+        done.set_result(grads)
+        return done
+    shard = -(-grads.numel() // world_size)
+    padded = grads if grads.numel() == shard * world_size else padded_copy(grads, shard * world_size)
+    copies = torch.empty_like(padded)
+    dist.all_to_all_single(copies, padded, group=group)
+    rank_copies = copies.view(world_size, shard)
+    mean = rank_copies[0]
+    for copy in rank_copies[1:]:
+        mean.add_(copy)
+    mean.div_(world_size)
+    work = all_gather_single(padded, mean, group, async_op=True)
 
-    def mean_in_rank_order(_):
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total.add_(part)
-        return total.div_(world_size)
+    def into_bucket(_):
+        if padded is not grads:
+            grads.copy_(padded[:grads.numel()])
+        return grads
 
-    return work.get_future().then(mean_in_rank_order)
+    return work.get_future().then(into_bucket)
+
+
+def padded_copy(flat: torch.Tensor, numel: int) -> torch.Tensor:
+    """``flat`` followed by zeros up to ``numel`` elements."""
+    padded = flat.new_zeros(numel)
+    padded[:flat.numel()].copy_(flat)
+    return padded
+
+
+def all_gather_single(output: torch.Tensor, shard: torch.Tensor, group, async_op: bool):
+    """Every rank's ``shard`` concatenated into ``output``: torch 2.14's name for ``all_gather_into_tensor``,
+    which it deprecates; older torch (>= 2.3) has only the old name."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, shard, group=group, async_op=async_op)
