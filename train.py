@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-interval", type=float, default=30.0,
                    help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
     p.add_argument("--nan-policy", choices=NAN_POLICIES, default="stop",
-                   help="a batch with a NaN/inf loss: stop (save the state before it) or skip it (counted in results.csv)")
+                   help="a batch with a NaN/inf loss: stop (save the state before it) or skip it (counted)")
     p.add_argument("--micro-batch", type=int, default=0, metavar="N",
                    help="split each batch into micro-batches of N images: the same result on 1, 2, 4... processes")
     p.add_argument("--seed", type=int, default=0, help="global training seed")
