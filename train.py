@@ -48,6 +48,7 @@ from utils.training.hooks import run_callbacks, training_hooks
 from utils.training.interrupts import exit_after_interrupt
 from utils.training.loop import RunContext, TrainLoop
 from utils.training.lost_peer import exit_on_lost_peer
+from utils.training.micro_batches import check_micro_batch
 from utils.training.next_steps import next_steps
 from utils.training.nonfinite import NAN_POLICIES
 from utils.training.results_log import ResultsLog
@@ -101,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-interval", type=float, default=30.0,
                    help="also write last.pt mid-epoch every N minutes (0 = only at epoch ends)")
     p.add_argument("--nan-policy", choices=NAN_POLICIES, default="stop",
-                   help="a batch with a NaN/inf loss: stop (save the state before it) or skip it (counted in results.csv)")
+                   help="a batch with a NaN/inf loss: stop (save the state before it) or skip it (counted)")
+    p.add_argument("--micro-batch", type=int, default=0, metavar="N",
+                   help="split each batch into micro-batches of N images: the same result on 1, 2, 4... processes")
     p.add_argument("--seed", type=int, default=0, help="global training seed")
     p.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="DDP rank (torchrun sets LOCAL_RANK)")
     p.add_argument("--logger", action="append", choices=LOGGERS, default=[], help="also log to a tracker (repeatable)")
@@ -112,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------- options
 
-TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"), non_negative=("patience", "workers", "save_interval"),
+TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"),
+                          non_negative=("patience", "workers", "save_interval", "micro_batch"),
                           files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),),
                           repo_yamls=("cfg", "hyp", "data"))
 RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience", "nan_policy"}
@@ -219,7 +223,7 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
     audit, audit_path = start_up_audit(policy, model, imgsz, device, hyp, amp)  # before AutoBatch's trial backward
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
-    per_rank_batch = per_rank_batch_size(opt, dist)
+    per_rank_batch = opt.micro_batch or per_rank_batch_size(opt, dist)
     train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid)
     # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
     save_dir = claim_run_folder(opt) if dist.is_main else Path(opt.save_dir)
@@ -296,7 +300,8 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
         data_dict["train"], imgsz, per_rank_batch, grid, single_cls=opt.single_cls, hyp=hyp,
         augment=True, cache=opt.cache, rect=opt.rect, rank=dist.rank, workers=opt.workers,
         image_weights=opt.image_weights, quad=opt.quad, prefix=colorstr("train: "), shuffle=True, seed=opt.seed,
-        nc=nc, train_tiles=opt.train_tiles, reduced_decode=opt.reduced_decode)
+        nc=nc, train_tiles=opt.train_tiles, reduced_decode=opt.reduced_decode,
+        global_batch=opt.batch_size if opt.micro_batch else 0)
     val_loader = None
     if dist.is_main:
         val_loader = create_dataloader(
@@ -346,6 +351,8 @@ def main(opt, argv=None, callbacks: Callbacks | None = None):
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device
     device = select_device(opt.device, batch_size=opt.batch_size)
+    if opt.micro_batch:
+        check_micro_batch(opt.micro_batch, opt.batch_size, dist.world_size, opt)
     if dist.enabled:
         check_ddp_batch(opt.batch_size, dist.world_size)
         device = torch.device("cuda", dist.local_rank) if device.type == "cuda" else torch.device("cpu")

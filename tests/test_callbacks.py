@@ -73,7 +73,7 @@ def test_extended_merges_without_changing_either_object():
     user.register_action("on_train_end", "user", print)
     merged = own.extended(user)
     assert [a["name"] for a in merged.get_registered_actions("on_train_end")] == ["own", "user"]
-    assert len(own.get_registered_actions("on_train_end")) == 1 and len(user.get_registered_actions("on_train_end")) == 1
+    assert [len(c.get_registered_actions("on_train_end")) for c in (own, user)] == [1, 1]
 
 
 def test_train_run_refuses_callbacks_of_another_type(tmp_path):

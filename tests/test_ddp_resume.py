@@ -9,14 +9,12 @@ the reduction order is independent of the bucket layout (utils/ddp.py, ``rank_or
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import child_pids, launcher_env, sigterm_passed_on, workers_frozen
+from tests.support.launchers import launcher_env, saved_position, sigterm_in_epoch_one
 from tests.support.run_outputs import assert_identical
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,35 +32,6 @@ def train_args(data: Path, project: Path, name: str, nproc: int) -> list:
     return ["--data", data, "--cfg", ROOT / "tests" / "models" / "tiny.yaml", "--project", project, "--name", name,
             "--imgsz", "64", "--batch-size", 2 * nproc, "--epochs", "2", "--device", "cpu", "--workers", "0",
             "--noplots", "--noval", "--exist-ok", "--save-interval", "0.001", "--seed", "3"]
-
-
-def saved_position(last_pt: Path):
-    try:
-        return tuple(torch.load(last_pt, weights_only=True)["next_position"])
-    except (FileNotFoundError, RuntimeError, EOFError, KeyError):
-        return None  # not written yet, or being replaced right now
-
-
-def sigterm_in_epoch_one(cmd: list, last_pt: Path, log: Path) -> subprocess.CompletedProcess:
-    """Start ``cmd`` and send its launcher SIGTERM as soon as epoch 0's checkpoint is on disk.
-
-    Each look at ``last.pt`` is made with the workers stopped, so none is missed while the file is replaced (it
-    is saved after every step) and none goes stale before the signal: the workers handle it in the step they
-    were stopped in, early in epoch 1, on an idle machine (fast steps) as on a loaded one (slow delivery).
-    """
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.time() + TIMEOUT_S
-        while proc.poll() is None and time.time() < deadline:
-            if child_pids(proc.pid):
-                with workers_frozen(proc) as workers:
-                    position = saved_position(last_pt)
-                    if position is not None and position >= (1, 0):
-                        sigterm_passed_on(proc, workers)
-                        break
-            time.sleep(0.05)
-        proc.wait(timeout=TIMEOUT_S)
-    return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text())
 
 
 @pytest.fixture(scope="module")

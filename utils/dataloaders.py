@@ -311,10 +311,11 @@ def _loader_dist_info(rank: int) -> DistInfo:
 
 def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=None, augment=False, cache=False,
                       pad=0.0, rect=False, rank=-1, workers=8, image_weights=False, quad=False, prefix="",
-                      shuffle=False, seed=0, nc=None, train_tiles=None, reduced_decode=False):
+                      shuffle=False, seed=0, nc=None, train_tiles=None, reduced_decode=False, global_batch=0):
     """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check,
     ``train_tiles``, the tile side for training on tiles of large images, and ``reduced_decode``, JPEGs decoded
-    at 1/2, 1/4 or 1/8 scale when that still covers ``imgsz``; see utils/dataset/image_cache.py).
+    at 1/2, 1/4 or 1/8 scale when that still covers ``imgsz``; see utils/dataset/image_cache.py, and
+    ``global_batch``: ``batch_size`` is then a micro-batch of steps of that many images, see sampling.py).
 
     Batches: ``(imgs uint8 (bs, 3, h, w) RGB, targets (n, 6) [img_idx, cls, x, y, w, h], paths, shapes)``.
     """
@@ -330,7 +331,7 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
     batch_size = min(batch_size, len(dataset))
     nw = min(os.cpu_count() or 1, batch_size, workers)
     sampler = DeterministicBatchSampler(dataset, batch_size, shuffle=shuffle, seed=seed, rank=info.rank,
-                                        world_size=info.world_size)
+                                        world_size=info.world_size, global_batch=global_batch)
     loader = DeterministicDataLoader(
         dataset, batch_sampler=sampler, num_workers=nw,
         pin_memory=torch.cuda.is_available() and read("PIN_MEMORY"),

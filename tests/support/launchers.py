@@ -118,3 +118,32 @@ def sigterm_passed_on(launcher: subprocess.Popen, workers: list, timeout: float 
     launcher.send_signal(signal.SIGTERM)
     wait_for(lambda: all(has_pending(pid, signal.SIGTERM) for pid in workers), timeout,
              "the launcher has passed SIGTERM on to every worker")
+
+
+def saved_position(last_pt: Path):
+    try:
+        return tuple(torch.load(last_pt, weights_only=True)["next_position"])
+    except (FileNotFoundError, RuntimeError, EOFError, KeyError):
+        return None  # not written yet, or being replaced right now
+
+
+def sigterm_in_epoch_one(cmd: list, last_pt: Path, log: Path, timeout: float = 400) -> subprocess.CompletedProcess:
+    """Start ``cmd`` and send its launcher SIGTERM as soon as epoch 0's checkpoint is on disk.
+
+    Each look at ``last.pt`` is made with the workers stopped, so none is missed while the file is replaced (it
+    is saved after every step) and none goes stale before the signal: the workers handle it in the step they
+    were stopped in, early in epoch 1, on an idle machine (fast steps) as on a loaded one (slow delivery).
+    """
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while proc.poll() is None and time.time() < deadline:
+            if child_pids(proc.pid):
+                with workers_frozen(proc) as workers:
+                    position = saved_position(last_pt)
+                    if position is not None and position >= (1, 0):
+                        sigterm_passed_on(proc, workers)
+                        break
+            time.sleep(0.05)
+        proc.wait(timeout=timeout)
+    return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text())

@@ -32,9 +32,14 @@ class DeterministicBatchSampler(Sampler):
     With ``rank >= 0`` and a world size above 1 each rank gets an equal shard (padded by repeating
     the start of the order, as DistributedSampler does); rect batches are sharded whole so every
     batch keeps one shape. ``set_epoch(epoch, start_batch)`` skips the first batches of that epoch.
+
+    With ``global_batch`` (``--micro-batch``), batches are micro-batches of ``batch_size``: each step's
+    ``global_batch`` images are cut from the epoch order first, split into micro-batches, and every rank
+    takes its contiguous share of them (utils/training/micro_batches.py), so what a step holds does not
+    depend on the world size; ``start_batch`` and :meth:`steps` count steps, not micro-batches.
     """
 
-    def __init__(self, dataset, batch_size, shuffle=False, seed=0, rank=-1, world_size=1):
+    def __init__(self, dataset, batch_size, shuffle=False, seed=0, rank=-1, world_size=1, global_batch=0):
         super().__init__()
         self.dataset = dataset
         self.n = len(dataset)
@@ -43,12 +48,14 @@ class DeterministicBatchSampler(Sampler):
         self.seed = int(seed) % 2**63
         self.rank = max(rank, 0) if world_size > 1 else 0
         self.world_size = world_size if rank >= 0 else 1
+        self.global_batch = int(global_batch)
         self.epoch, self.start_batch = 0, 0
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch (any int >= 0) and the first batch to deliver (resume inside an epoch)."""
-        if start_batch < 0 or start_batch > len(self):
-            raise ValueError(f"start_batch {start_batch} outside 0..{len(self)}")
+        last = self.steps() if self.global_batch else len(self)
+        if start_batch < 0 or start_batch > last:
+            raise ValueError(f"start_batch {start_batch} outside 0..{last}")
         self.epoch, self.start_batch = int(epoch), int(start_batch)
 
     def _order(self):
@@ -68,10 +75,31 @@ class DeterministicBatchSampler(Sampler):
     def _rect_sharded(self):
         return self.world_size > 1 and getattr(self.dataset, "rect", False)
 
+    def steps(self) -> int:
+        """Steps in an epoch with ``global_batch``: the last one may be short."""
+        return math.ceil(self.n / self.global_batch)
+
+    def step_share(self, step: int) -> range:
+        """Global indices, within step ``step``, of the micro-batches this rank takes (``global_batch`` only)."""
+        images = min(self.global_batch, self.n - step * self.global_batch)
+        count = math.ceil(images / self.batch_size)
+        per_rank = self.global_batch // self.batch_size // self.world_size
+        start = self.rank * per_rank
+        return range(min(start, count), min(start + per_rank, count))
+
+    def _micro_batches(self, keys):
+        out = []
+        for step in range(self.steps()):
+            images = keys[step * self.global_batch:(step + 1) * self.global_batch]
+            out += [images[j * self.batch_size:(j + 1) * self.batch_size] for j in self.step_share(step)]
+        return out
+
     def batches(self):
         """All batches of keys this rank sees in the current epoch (before ``start_batch`` is applied)."""
         order, draws = self._order()
         keys = [(int(i), self.epoch, int(d)) for i, d in zip(order, draws)]
+        if self.global_batch:
+            return self._micro_batches(keys)
         bs = self.batch_size
         if self._rect_sharded():
             batches = [keys[i:i + bs] for i in range(0, len(keys), bs)]
@@ -81,10 +109,15 @@ class DeterministicBatchSampler(Sampler):
         return [keys[i:i + bs] for i in range(0, len(keys), bs)]
 
     def __iter__(self):
-        yield from self.batches()[self.start_batch:]
+        skip = self.start_batch
+        if self.global_batch:
+            skip = sum(len(self.step_share(step)) for step in range(self.start_batch))
+        yield from self.batches()[skip:]
 
     def __len__(self):
         """Batches in a full epoch for this rank (a resumed epoch delivers ``len - start_batch``)."""
+        if self.global_batch:
+            return sum(len(self.step_share(step)) for step in range(self.steps()))
         if self._rect_sharded():
             return math.ceil(math.ceil(self.n / self.batch_size) / self.world_size)
         return math.ceil(math.ceil(self.n / self.world_size) / self.batch_size)

@@ -2,8 +2,9 @@
 
 A hook has six stages, each called with the loop (utils/training/loop.py): ``before_train``,
 ``before_epoch``, ``before_step``, ``after_step``, ``after_epoch`` (complete epochs only) and
-``after_train`` (always, also when a step or a hook raised). The user's YOLOv5 callbacks run from :class:`CallbackHook`; results.csv, the
-trackers and the batch plots are themselves callbacks (utils/callbacks.py), registered first.
+``after_train`` (always, also when a step or a hook raised). The user's YOLOv5 callbacks run from
+:class:`CallbackHook`; results.csv, the trackers and the batch plots are themselves callbacks
+(utils/callbacks.py), registered first.
 """
 
 import signal

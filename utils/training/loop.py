@@ -22,6 +22,7 @@ from utils.rng_state import cuda_rng_state
 from utils.torch_utils import (DeterminismPolicy, EarlyStopping, ModelEMA, de_parallel, grid_size, optimizer_step,
                                smart_optimizer)
 from utils.training.interrupts import GracefulInterrupt
+from utils.training.micro_batches import MicroBatchStep, broadcast_weights, join_micro_batches
 from utils.training.nonfinite import BufferSnapshot, any_rank_nonfinite, nonfinite_message
 from utils.training.run_state import CheckpointSaver, Optimisation, Progress, restore_training_state, training_state
 from utils.training.schedule import apply_warmup, lr_lambda
@@ -99,6 +100,7 @@ class TrainLoop:
         self.results, self.interrupt = None, None
         self.callbacks = Callbacks()  # the run's own (results.csv, trackers, plots), then the user's; rank 0
         self.compute_loss, self.n_warmup = None, 0
+        self.micro = None  # MicroBatchStep with --micro-batch (world-size invariance), set in wrap_ddp
 
     @property
     def model(self):
@@ -114,9 +116,17 @@ class TrainLoop:
 
     def restore(self, ckpt) -> None:
         (self.start_epoch, self.start_batch), self.progress = restore_training_state(
-            ckpt, self.parts, device=self.device, world_size=self.dist.world_size)
+            ckpt, self.parts, device=self.device, world_size=self.dist.world_size,
+            any_world_size=bool(self.opt.micro_batch))
 
     def wrap_ddp(self) -> None:
+        """DDP around the model; with --micro-batch, rank 0's weights on every rank and no wrapper (the
+        micro-batch step reduces the gradients itself)."""
+        if self.opt.micro_batch:
+            broadcast_weights(self.model, self.dist)
+            self.micro = MicroBatchStep(self.model, self.dist, self.device, self.opt.seed,
+                                        self.ctx.batch_size // self.opt.micro_batch)
+            return
         if not self.dist.enabled:
             return
         cuda = self.device.type == "cuda"
@@ -151,7 +161,8 @@ class TrainLoop:
     def run(self, hooks: list):
         """All epochs with ``hooks`` (utils/training/hooks.py); returns (last validation results, last epoch)."""
         self.compute_loss = ComputeLoss(de_parallel(self.model), self.hyp)
-        self.nb = len(self.ctx.train_loader)
+        sampler = self.ctx.train_loader.batch_sampler
+        self.nb = sampler.steps() if self.micro else len(self.ctx.train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * self.nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         finished, self.epoch, t0 = True, self.start_epoch, time.time()
         with GracefulInterrupt(describe_saved=self.ctx.saver.describe) as self.interrupt:
@@ -185,10 +196,13 @@ class TrainLoop:
             self.optimizer.zero_grad()  # YOLOv5 drops an epoch's unfinished accumulation
         self.ctx.train_loader.set_epoch(self.epoch, start_batch=first_batch)
         self._run_hooks(hooks, "before_epoch")
-        for i, (imgs, targets, paths, _) in enumerate(self.ctx.train_loader, start=first_batch):
+        for i, imgs, targets, paths, micro in self.batches(first_batch):
             self.batch = (i, imgs, targets, paths)
             self._run_hooks(hooks, "before_step")
-            loss_items = self.train_step(imgs, targets, self.epoch, i, self.nb)
+            if micro is None:
+                loss_items = self.train_step(imgs, targets, self.epoch, i, self.nb)
+            else:
+                loss_items = self.train_micro_step(micro, self.epoch, i, self.nb)
             if loss_items is not None:
                 self.progress.mloss = (self.progress.mloss * i + loss_items) / (i + 1)
             self._run_hooks(hooks, "after_step")
@@ -196,6 +210,19 @@ class TrainLoop:
                 return False
         self._run_hooks(hooks, "after_epoch")
         return True
+
+    def batches(self, first_batch: int):
+        """``(i, imgs, targets, paths, micro)`` per step; with --micro-batch, ``micro`` is this rank's
+        micro-batches ``(global index, imgs, targets, paths)`` and the rest joins them; otherwise None."""
+        loader = self.ctx.train_loader
+        if self.micro is None:
+            for i, (imgs, targets, paths, _) in enumerate(loader, start=first_batch):
+                yield i, imgs, targets, paths, None
+            return
+        delivered = iter(loader)
+        for i in range(first_batch, self.nb):
+            micro = [(index, *next(delivered)[:3]) for index in loader.batch_sampler.step_share(i)]
+            yield (i, *join_micro_batches(micro), micro)
 
     def _run_hooks(self, hooks: list, stage: str) -> None:
         for hook in hooks:
@@ -205,29 +232,61 @@ class TrainLoop:
         """Forward, the non-finite guard, scoped backward, and an optimizer step when enough gradient has
         accumulated. Returns the loss terms, or None for a batch skipped for a non-finite loss."""
         ni = i + nb * epoch
-        imgs = imgs.to(self.device, non_blocking=True).float().div_(255)
-        imgs = imgs.contiguous(memory_format=torch.channels_last)
-        accumulate = self.accumulate_nbs
-        if ni < self.n_warmup:
-            accumulate = apply_warmup(self.optimizer, ni, self.n_warmup, epoch, self.lf, self.hyp, self.accumulate_nbs)
-        if self.opt.multi_scale:
-            imgs = random_rescale(imgs, self.ctx.imgsz, self.grid_size, self.opt.seed, epoch, i)
+        accumulate = self.accumulation(ni, epoch)
         self.buffers.take()
-        with torch.autocast(self.device.type, enabled=self.amp):
-            pred = self.model(imgs)
-            loss, loss_items = self.compute_loss(pred, targets.to(self.device, non_blocking=True))
-            if self.dist.enabled:
-                loss *= self.dist.world_size
-            if self.opt.quad:
-                loss *= 4.0
+        loss, loss_items = self.forward_loss(imgs, targets, epoch, i)
+        if self.dist.enabled:
+            loss *= self.dist.world_size
+        if self.opt.quad:
+            loss *= 4.0
         if any_rank_nonfinite(loss, self.dist):
             return self.nonfinite_batch(loss_items, epoch, i)
+        self.backward(loss)
+        self.step_when_due(ni, accumulate)
+        return loss_items
+
+    def train_micro_step(self, micro: list, epoch: int, i: int, nb: int):
+        """:meth:`train_step` for this rank's micro-batches (``--micro-batch``, utils/training/micro_batches.py):
+        the same bits whatever the number of processes."""
+        ni = i + nb * epoch
+        accumulate = self.accumulation(ni, epoch)
+        self.buffers.take()
+        held = [p.grad for p in self.micro.params]
+        leaves, items, stats = self.micro.local_gradients(
+            micro, lambda imgs, targets: self.forward_loss(imgs, targets, epoch, i), ni, self.backward)
+        for p, grad in zip(self.micro.params, held):
+            p.grad = grad
+        if any_rank_nonfinite(torch.tensor(float("nan") if any(leaf is None for leaf in leaves) else 0.0), self.dist):
+            return self.nonfinite_batch(items[-1] if items else torch.zeros(3), epoch, i)
+        self.micro.apply(leaves, held)
+        loss_items = self.micro.finish(items, stats)
+        self.step_when_due(ni, accumulate)
+        return loss_items
+
+    def accumulation(self, ni: int, epoch: int) -> int:
+        """Batches per optimizer step at global batch ``ni`` (fewer during warm-up, which also sets the LRs)."""
+        if ni < self.n_warmup:
+            return apply_warmup(self.optimizer, ni, self.n_warmup, epoch, self.lf, self.hyp, self.accumulate_nbs)
+        return self.accumulate_nbs
+
+    def forward_loss(self, imgs, targets, epoch: int, i: int):
+        """Images to the device in [0, 1] (rescaled with --multi-scale), forward, loss -> (loss, loss terms)."""
+        imgs = imgs.to(self.device, non_blocking=True).float().div_(255)
+        imgs = imgs.contiguous(memory_format=torch.channels_last)
+        if self.opt.multi_scale:
+            imgs = random_rescale(imgs, self.ctx.imgsz, self.grid_size, self.opt.seed, epoch, i)
+        with torch.autocast(self.device.type, enabled=self.amp):
+            pred = self.model(imgs)
+            return self.compute_loss(pred, targets.to(self.device, non_blocking=True))
+
+    def backward(self, loss) -> None:
         with self.ctx.policy.backward_scope():
             self.parts.scaler.scale(loss).backward()
+
+    def step_when_due(self, ni: int, accumulate: int) -> None:
         if ni - self.progress.last_opt_step >= accumulate:
             optimizer_step(self.model, self.optimizer, self.parts.scaler, self.ema)
             self.progress.last_opt_step = ni
-        return loss_items
 
     def nonfinite_batch(self, loss_items, epoch: int, i: int) -> None:
         """A non-finite loss on some rank: put the model back as it was before the batch, then skip the

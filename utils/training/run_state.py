@@ -98,14 +98,15 @@ def training_state(parts: Optimisation, progress: Progress, position, *, opt, hy
     }
 
 
-def restore_training_state(ckpt: dict, parts: Optimisation, device, world_size=1) -> tuple:
-    """Load a captured state into live objects; returns ``((epoch, batch), Progress)``.
+def restore_training_state(ckpt: dict, parts: Optimisation, device, world_size=1, any_world_size=False) -> tuple:
+    """Load a captured state into live objects; returns ``((epoch, batch), Progress)``. ``any_world_size``
+    (``--micro-batch``): a mid-epoch position counts steps, which every world size shares.
 
     The model's own weights are loaded when it is built; the RNG state is restored by the caller
     right before the first batch, after any start-up work that draws random numbers.
     """
     epoch, batch = ckpt["next_position"]
-    if batch and ckpt.get("world_size", 1) != world_size:
+    if batch and ckpt.get("world_size", 1) != world_size and not any_world_size:
         raise UserError(f"--resume: this checkpoint was written mid-epoch by {ckpt.get('world_size', 1)} "
                         f"process(es); resume it with the same number (now {world_size}), because the batch "
                         "position depends on how the data set is sharded")
