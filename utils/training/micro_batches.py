@@ -15,15 +15,15 @@ a process count could change is fixed by the micro-batches instead:
   by ``(seed, step, micro-batch)``, not by how many numbers a process has drawn.
 - **Logged losses** average the step's micro-batches in global order.
 
-No DDP wrapper is used: the ranks start from rank 0's weights, reduce the gradients themselves and take
-the same optimizer step.
+No DDP wrapper is used: the ranks start from rank 0's weights, reduce the gradients themselves (at a ring
+all-reduce's traffic) and take the same optimizer step.
 """
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from utils.ddp import DistInfo, gather_objects
+from utils.ddp import DistInfo, all_gather_single, gather_objects, padded_copy
 from utils.errors import UserError
 
 
@@ -72,17 +72,23 @@ def flat_grads(params: list) -> torch.Tensor:
 
 
 def reduce_partials(partial, size: int, info: DistInfo, device) -> torch.Tensor | None:
-    """Every rank's subtree sum (None: the rank had no micro-batch) combined in the tree's top levels."""
+    """Every rank's subtree sum (None: the rank had no micro-batch) combined in the tree's top levels, at a
+    ring all-reduce's traffic: each rank owns a shard, an all-to-all brings it every rank's copy, the rank
+    finishes the tree on its shard, and an all-gather returns the shards (as utils/ddp.py's hook does)."""
     if not (info.enabled and dist.is_initialized()):
         return partial
+    world_size = info.world_size
     present = torch.tensor([partial is not None], dtype=torch.uint8, device=device)
-    flags = [torch.zeros_like(present) for _ in range(info.world_size)]
-    dist.all_gather(flags, present)
-    send = partial if partial is not None else torch.zeros(size, device=device)
-    gathered = [torch.empty_like(send) for _ in range(info.world_size)]
-    dist.all_gather(gathered, send)
-    leaves = [g if f.item() else None for g, f in zip(gathered, flags)]
-    return tree_sum(leaves, 0, len(leaves))
+    flags = torch.empty(world_size, dtype=torch.uint8, device=device)
+    all_gather_single(flags, present, None, async_op=False)
+    shard = -(-size // world_size)
+    send = padded_copy(partial if partial is not None else torch.zeros(size, device=device), shard * world_size)
+    copies = torch.empty_like(send)
+    dist.all_to_all_single(copies, send)
+    rows = [row if flag else None for row, flag in zip(copies.view(world_size, shard), flags.tolist())]
+    summed = tree_sum(rows, 0, world_size)
+    all_gather_single(send, summed, None, async_op=False)
+    return send[:size]
 
 
 class BatchNormStats:
