@@ -40,7 +40,7 @@ from utils.dataset.tiles import box_scale, resolve_tile_size  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.ddp import (DistInfo, barrier, broadcast_object, check_ddp_batch,  # noqa: E402
                        destroy_process_group, dist_info_from_env, gather_objects, init_process_group,
-                       max_over_ranks, per_rank_batch_size, rank_ordered_mean_hook)
+                       launched_by_torchrun, max_over_ranks, per_rank_batch_size, rank_ordered_mean_hook)
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
@@ -409,7 +409,8 @@ class TrainLoop:
         nb = len(self.ctx.train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         results, finished, epoch, t0 = (0, 0, 0, 0, 0, 0, 0), True, self.start_epoch, time.time()
-        with GracefulInterrupt(describe_saved=self.ctx.saver.describe) as interrupt:
+        with GracefulInterrupt(describe_saved=self.ctx.saver.describe,
+                               launcher_passes_signals_on=launched_by_torchrun()) as interrupt:
             self.announce()
             for epoch in range(self.start_epoch, self.opt.epochs):
                 first_batch = self.start_batch if epoch == self.start_epoch else 0
