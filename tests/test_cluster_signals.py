@@ -6,10 +6,10 @@ the main process is signalled. torchrun jobs, whose every process is signalled, 
 """
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +17,11 @@ import torch
 from torch.utils.data import Dataset
 
 from tests.conftest import TINY_CFG, write_shapes_dataset
-from tests.support.group_signals import (group_members, start_in_own_session, tracebacks, wait_for_a_finished_batch,
-                                         wait_for_text, wait_until_group_is_gone)
+from tests.support.group_signals import (start_in_own_session, tracebacks, wait_for_a_finished_batch, wait_for_text,
+                                         wait_until_group_is_gone)
 from tests.support.launchers import ROOT, launcher_env, wait_for
+from tests.support.cluster_doc import JOB_ID, bash_array, batch_script, fake_srun, requeues, slurm_job, with_settings
+from tests.support.process_tree import group_members, signal_every_process
 from tests.support.run_outputs import weights_checksum
 from utils import dataloaders
 from utils.dataset.sampling import DeterministicDataLoader
@@ -38,14 +40,14 @@ def stop_handlers_restored():
         signal.signal(sig, handler)
 
 
-def signal_self(interrupt: GracefulInterrupt, signum: int, counted) -> None:
+def signal_self(signum: int, counted) -> None:
     os.kill(os.getpid(), signum)
     wait_for(counted, 30, f"{signal.Signals(signum).name} was counted")
 
 
 def test_sigusr1_stops_like_sigterm_with_its_own_exit_code(stop_handlers_restored, log_lines):
     with GracefulInterrupt() as interrupt:
-        signal_self(interrupt, signal.SIGUSR1, lambda: interrupt.requested)
+        signal_self(signal.SIGUSR1, lambda: interrupt.requested)
     assert interrupt.requested == signal.SIGUSR1 and interrupt.exit_code == 138
     assert any("SIGUSR1 received: finishing the current step, then saving last.pt" in line for line in log_lines)
     os.kill(os.getpid(), signal.SIGUSR1)  # after the loop: reported, not the default action (which ends the process)
@@ -58,12 +60,12 @@ def test_a_repeat_is_a_second_signal_except_when_torchrun_passes_it_on(under_tor
     exits = []
     with GracefulInterrupt(launcher_passes_signals_on=under_torchrun) as interrupt:
         interrupt._exit_now = lambda name, code: exits.append((name, code))
-        signal_self(interrupt, signal.SIGTERM, lambda: interrupt.requested)
+        signal_self(signal.SIGTERM, lambda: interrupt.requested)
         passed_on = lambda: any("SIGTERM again, passed on by torchrun" in line for line in log_lines)  # noqa: E731
-        signal_self(interrupt, signal.SIGTERM, lambda: exits or passed_on())
+        signal_self(signal.SIGTERM, lambda: exits or passed_on())
         if under_torchrun:
             assert exits == [] and interrupt.count == 1
-            signal_self(interrupt, signal.SIGINT, lambda: exits)  # a different signal still exits at once
+            signal_self(signal.SIGINT, lambda: exits)  # a different signal still exits at once
             assert exits == [("SIGINT", 128 + signal.SIGINT)]
         else:
             assert exits == [("SIGTERM", 128 + signal.SIGTERM)] and not passed_on()
@@ -108,10 +110,14 @@ def data(tmp_path_factory) -> Path:
     return write_shapes_dataset(tmp_path_factory.mktemp("group_signals"), n_train=2 * BATCHES, n_val=4)
 
 
+def training_flags(data: Path) -> list:
+    """One epoch of BATCHES batches with two loader workers; only the interrupt's save writes last.pt mid-epoch."""
+    return ["--data", data, "--cfg", TINY_CFG, "--imgsz", "64", "--batch-size", "2", "--epochs", "1", "--device",
+            "cpu", "--workers", "2", "--noplots", "--save-interval", "0"]
+
+
 def train_args(data: Path, project: Path, name: str) -> list:
-    return ["--data", data, "--cfg", TINY_CFG, "--project", project, "--name", name, "--imgsz", "64",
-            "--batch-size", "2", "--epochs", "1", "--device", "cpu", "--workers", "2", "--noplots", "--exist-ok",
-            "--save-interval", "0"]
+    return [*training_flags(data), "--project", project, "--name", name, "--exist-ok"]
 
 
 def train_cmd(*args) -> list:
@@ -129,38 +135,37 @@ def uninterrupted(data, tmp_path_factory) -> str:
 
 
 def stop_by_group_signal(cmd: list, log: Path, signum: int) -> subprocess.CompletedProcess:
-    """Start ``cmd`` in its own process group, send the whole group ``signum`` once a batch is done; the
-    result's ``pgid`` is the group."""
+    """Start ``cmd`` in its own process group, send the whole group ``signum`` once a batch is done, and check
+    that no process of the group outlives the main one (it ends its workers before it exits)."""
     proc = start_in_own_session(cmd, log)
     try:
         wait_for_a_finished_batch(proc, log, TIMEOUT_S)
         os.killpg(proc.pid, signum)
         proc.wait(timeout=TIMEOUT_S)
+        assert group_members(proc.pid) == [], log.read_text()[-3000:]
     finally:
-        end_group(proc)
-    stopped = subprocess.CompletedProcess(cmd, proc.returncode, log.read_text())
-    stopped.pgid = proc.pid
-    return stopped
+        end_job(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text())
 
 
-def end_group(proc: subprocess.Popen) -> None:
-    """A test that failed half-way leaves nothing running."""
+def end_job(proc: subprocess.Popen) -> None:
+    """A test that failed half-way leaves nothing running: the process and all it started."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        signal_every_process(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
-def assert_clean_stop(stopped: subprocess.CompletedProcess, signum: int, last_pt: Path) -> None:
-    """Exit 128 + signal, no traceback, a mid-epoch last.pt, its resume line, and no worker left behind."""
+def assert_clean_stop(stopped: subprocess.CompletedProcess, signum: int, last_pt: Path) -> int:
+    """Exit 128 + signal, no traceback, a mid-epoch last.pt and its resume line; returns the saved batch."""
     out = stopped.stdout
     assert stopped.returncode == 128 + signum, out[-3000:]
     assert not tracebacks(out) and "DataLoader worker" not in out, out[-3000:]
-    assert f"{signal.Signals(signum).name} received: finishing the current step" in out
+    assert f"{signal.Signals(signum).name} received: finishing the current step" in out, out[-3000:]
     assert f"Resume with:\n    python train.py --resume {last_pt}" in out, out[-3000:]
     ckpt = torch.load(last_pt, weights_only=True)
     epoch, batch = ckpt["next_position"]
     assert ckpt["optimizer"] is not None and epoch == 0 and 0 < batch < BATCHES, (epoch, batch)
-    assert group_members(stopped.pgid) == []  # the main process ended its workers before it exited
+    return batch
 
 
 @pytest.mark.slow
@@ -203,4 +208,34 @@ def test_a_second_group_signal_exits_at_once_and_the_workers_follow(data, tmp_pa
         # exiting at once leaves the workers to notice their parent is gone (torch looks every 5 s)
         wait_until_group_is_gone(proc.pid, TIMEOUT_S)
     finally:
-        end_group(proc)
+        end_job(proc)
+
+
+@pytest.mark.slow
+def test_the_one_gpu_batch_script_requeues_on_138_and_the_requeued_job_resumes(data, uninterrupted, tmp_path):
+    """docs/cluster.md's train-1gpu.sbatch as written, only its settings replaced; SLURM's SIGUSR1 reaches every
+    process of the job step (here: the simulated srun passes it on)."""
+    runs = tmp_path / "runs"
+    script = tmp_path / "train-1gpu.sbatch"
+    script.write_text(with_settings(batch_script("train-1gpu.sbatch"), RUNS=shlex.quote(str(runs)), NAME="one-gpu",
+                                    TRAIN_ARGS=bash_array(training_flags(data))))
+    env, log = slurm_job(tmp_path), tmp_path / "job.log"
+    batch = start_in_own_session(["bash", script], log, env)
+    try:
+        wait_for_a_finished_batch(batch, log, TIMEOUT_S)
+        os.kill(fake_srun(batch.pid), signal.SIGUSR1)
+        batch.wait(timeout=TIMEOUT_S)
+    finally:
+        end_job(batch)
+    last_pt = runs / "one-gpu" / "weights" / "last.pt"
+    saved_batch = assert_clean_stop(subprocess.CompletedProcess(script, batch.returncode, log.read_text()),
+                                    signal.SIGUSR1, last_pt)
+    assert requeues(tmp_path) == [f"requeue {JOB_ID}"]
+
+    requeued = subprocess.run(["bash", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    out = requeued.stdout + requeued.stderr
+    assert requeued.returncode == 0, out[-3000:]
+    assert f"Resuming {last_pt} from epoch 0, batch {saved_batch}" in out, out[-3000:]
+    assert requeues(tmp_path) == [f"requeue {JOB_ID}"]  # a finished run is not requeued
+    assert weights_checksum(runs / "one-gpu") == uninterrupted

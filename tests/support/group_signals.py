@@ -1,17 +1,13 @@
-"""Signals as a cluster sends them: to a whole process group, or to every process of a job (Linux /proc).
+"""Training runs started in a session of their own, watched through their output, signalled as a cluster does
+(the process walks are tests/support/process_tree.py)."""
 
-``kill -- -PGID`` reaches one process group. SLURM (proctrack/cgroup) and systemd (control-group kill mode)
-signal every process of the job, whatever its group: torchrun starts each worker in a session of its own, so
-only a walk over the job's process tree (:func:`signal_every_process`) reaches them all.
-"""
-
-import os
 import re
 import subprocess
 import time
 from pathlib import Path
 
 from tests.support.launchers import ROOT, launcher_env, wait_for
+from tests.support.process_tree import group_members
 
 # tqdm's count of finished batches, e.g. "| 3/12 [": at least one batch done (the count only grows)
 FINISHED_BATCH = re.compile(r"\|\s*[1-9]\d*/\d+ \[")
@@ -41,49 +37,6 @@ def wait_for_text(proc: subprocess.Popen, log: Path, pattern, timeout: float = 3
 def wait_for_a_finished_batch(proc: subprocess.Popen, log: Path, timeout: float = 300) -> str:
     """Wait until training has finished at least one batch (the progress bar counts it)."""
     return wait_for_text(proc, log, FINISHED_BATCH, timeout, "finished training batch")
-
-
-def _stat_fields(pid: int) -> list:
-    """``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, ... (empty once the process is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return []
-    return text.rsplit(")", 1)[1].split()
-
-
-def _all_pids() -> list:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def group_members(pgid: int) -> list:
-    """Live processes of process group ``pgid`` (zombies included: they are not reaped yet)."""
-    return [pid for pid in _all_pids() if (fields := _stat_fields(pid)) and int(fields[2]) == pgid]
-
-
-def job_processes(root: int) -> list:
-    """``root`` and every process descended from it, parents first."""
-    children = {}
-    for pid in _all_pids():
-        if fields := _stat_fields(pid):
-            children.setdefault(int(fields[1]), []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def signal_every_process(root: int, signum: int) -> list:
-    """Send ``signum`` to ``root`` and all its descendants, as SLURM and systemd signal a job; returns the pids."""
-    pids = job_processes(root)
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:  # ended since the walk
-            pass
-    return pids
 
 
 def wait_until_group_is_gone(pgid: int, timeout: float) -> None:
