@@ -17,10 +17,10 @@ import torch
 from torch.utils.data import Dataset
 
 from tests.conftest import TINY_CFG, write_shapes_dataset
+from tests.support.cluster_doc import JOB_ID, bash_array, batch_script, fake_srun, requeues, slurm_job, with_settings
 from tests.support.group_signals import (start_in_own_session, tracebacks, wait_for_a_finished_batch, wait_for_text,
                                          wait_until_group_is_gone)
 from tests.support.launchers import ROOT, launcher_env, wait_for
-from tests.support.cluster_doc import JOB_ID, bash_array, batch_script, fake_srun, requeues, slurm_job, with_settings
 from tests.support.process_tree import group_members, signal_every_process
 from tests.support.run_outputs import weights_checksum
 from utils import dataloaders
