@@ -27,6 +27,7 @@ from utils.dataset.image_io import bgr_to_chw_rgb, img2label_paths
 from utils.dataset.label_cache import load_labels
 from utils.dataset.tiles import letterbox_tile, sample_tile
 from utils.logging import LOGGER
+from utils.training.interrupts import leave_stop_signals_to_the_main_process
 from utils.ops import xywhn2xyxy, xyxy2xywhn
 from utils.dataset.sampling import DeterministicBatchSampler, DeterministicDataLoader
 
@@ -296,9 +297,11 @@ class _KeyedBatch(list):
 
 
 def _worker_init(_worker_id):
-    """Workers run one sample at a time; internal thread pools would only oversubscribe the cores."""
+    """Workers run one sample at a time (internal thread pools would only oversubscribe the cores) and leave
+    Ctrl-C, SIGTERM and SIGUSR1 sent to the whole process group to the main process, which saves first."""
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
+    leave_stop_signals_to_the_main_process()
 
 
 def _loader_dist_info(rank: int) -> DistInfo:

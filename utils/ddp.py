@@ -49,6 +49,11 @@ def dist_info_from_env(local_rank_flag: int = -1) -> DistInfo:
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
 
 
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID``), whatever the world size."""
+    return bool(read("TORCHELASTIC_RUN_ID"))
+
+
 def check_ddp_batch(batch_size: int, world_size: int) -> int:
     """Total ``--batch-size`` → per-rank batch size; it must divide evenly by the world size."""
     if batch_size == -1:

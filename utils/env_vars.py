@@ -103,6 +103,7 @@ VARIABLES = {v.name: v for v in (
     Variable("WORLD_SIZE", "an integer of at least 1 (torchrun sets it)", _count(1, 1)),
     Variable("RANK", "an integer of at least 0, below WORLD_SIZE (torchrun sets it)", _count(0, -1)),
     Variable("LOCAL_RANK", "an integer of at least 0 (torchrun sets it)", _count(0, -1)),
+    Variable("TORCHELASTIC_RUN_ID", "any text (torchrun sets it)", str),
     Variable("MLFLOW_TRACKING_URI", f"a folder path or a URI of scheme {', '.join(MLFLOW_SCHEMES[1:])}",
              lambda text: _tracking_uri(text) if text else ""),
     Variable("MLFLOW_EXPERIMENT_NAME", "any text", str),

@@ -10,6 +10,8 @@ import math
 import numpy as np
 from torch.utils.data import DataLoader, Sampler
 
+from utils.training.interrupts import stop_signals_held
+
 SAMPLER_STREAM = 2**32 - 1  # seed word for the epoch order, distinct from any sample index
 
 
@@ -132,6 +134,12 @@ def _pad_to_multiple(items, k):
 
 class DeterministicDataLoader(DataLoader):
     """DataLoader whose batches depend only on ``(seed, epoch)``; call ``set_epoch`` before each epoch."""
+
+    def __iter__(self):
+        if self.num_workers == 0:
+            return super().__iter__()
+        with stop_signals_held():  # workers start here (persistent ones at the first epoch only)
+            return super().__iter__()
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch; ``start_batch`` skips that many batches without loading them (mid-epoch resume)."""

@@ -1,9 +1,15 @@
-"""Graceful stop on Ctrl-C / SIGTERM (what ``docker stop`` sends).
+"""Graceful stop on Ctrl-C, SIGTERM (what ``docker stop`` and a scheduler send) and SIGUSR1 (a scheduler's
+warning before the time limit, e.g. SLURM's ``--signal=USR1@120``).
 
 The first signal only sets a flag: the training loop finishes its current step, writes a
-checkpoint and exits. A second signal exits at once: any atomic write in progress is abandoned
-(its temporary file deleted, the previous file left whole) and the exit message says what is on
-disk.
+checkpoint and exits with 128 + the signal (130, 143, 138). A second signal exits at once: any atomic
+write in progress is abandoned (its temporary file deleted, the previous file left whole) and the exit
+message says what is on disk.
+
+Signals to the whole process group (``kill -- -PGID``, SLURM, systemd) reach the data-loader workers too.
+Only the main process may act on them: a worker ignores them (:func:`leave_stop_signals_to_the_main_process`),
+and holds them blocked from its fork until then (:func:`stop_signals_held`), so none dies before the main
+process has saved. On the way out the main process ends its workers itself (:func:`exit_after_interrupt`).
 
 Why a watchdog thread: Python runs signal handlers only between bytecodes of the main thread,
 and CPython keeps one "pending" flag per signal number, so two SIGTERMs that arrive during one
@@ -13,6 +19,7 @@ fd counts every signal, and can act while the main thread is still inside the op
 """
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -22,6 +29,8 @@ import threading
 from utils.files import abandon_pending_writes
 from utils.logging import LOGGER
 
+# SIGUSR1 is missing on Windows
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
 _WATCHING = set()  # GracefulInterrupt instances whose watchdog thread is running in this process
 _BEFORE_EXIT = []  # callables exit_after_interrupt runs before the process ends (a tracker marks its run KILLED)
 
@@ -53,18 +62,23 @@ def flush_output() -> None:
 
 
 class GracefulInterrupt:
-    """Context manager catching SIGINT and SIGTERM; ``.requested`` is the first signal's number or 0.
+    """Context manager catching :data:`STOP_SIGNALS`; ``.requested`` is the first signal's number or 0.
 
     ``describe_saved`` (optional) returns one line saying what is on disk; it is printed when a
     second signal makes the process exit at once.
+
+    ``launcher_passes_signals_on``: the process is a torchrun worker. torchrun passes each signal it gets on
+    to its workers, and SLURM or systemd signal every process of the job, so a worker receives one stop
+    twice; a repeat of the first signal is then not a second signal (a different one still is).
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = STOP_SIGNALS
 
-    def __init__(self, describe_saved=None):
+    def __init__(self, describe_saved=None, launcher_passes_signals_on: bool = False):
         self.requested = 0
         self.count = 0
         self.describe_saved = describe_saved
+        self.launcher_passes_signals_on = launcher_passes_signals_on
         self._previous = {}
         self._lock = threading.Lock()
         self._sockets = None
@@ -78,14 +92,19 @@ class GracefulInterrupt:
 
     def _count(self, signum: int) -> None:
         with self._lock:
-            self.count += 1
-            first = self.count == 1
-            if first:
-                self.requested = signum
+            passed_on = self.launcher_passes_signals_on and signum == self.requested
+            if not passed_on:
+                self.count += 1
+                if self.count == 1:
+                    self.requested = signum
+            first = self.count == 1 and not passed_on
         name = signal.Signals(signum).name
-        if first:
+        if passed_on:
+            LOGGER.info(f"{name} again, passed on by torchrun: still finishing the step and saving")
+        elif first:
+            again = "a different signal" if self.launcher_passes_signals_on else "it again"
             LOGGER.warning(f"{name} received: finishing the current step, then saving last.pt "
-                           "(send it again to exit at once).")
+                           f"(send {again} to exit at once).")
         else:
             self._exit_now(name, 128 + signum)
 
@@ -165,6 +184,57 @@ def _already_stopping(signum, frame) -> None:
     LOGGER.warning(f"{signal.Signals(signum).name} received: already stopping, reporting what is on disk")
 
 
+@contextlib.contextmanager
+def stop_signals_held():
+    """Block :data:`STOP_SIGNALS` in this thread while it starts data-loader workers.
+
+    A forked worker starts with its parent thread's mask, so a signal to the whole process group waits in
+    it, instead of killing it, until :func:`leave_stop_signals_to_the_main_process` has made it ignore
+    them. The process itself still gets the signal at once: the kernel hands it to a thread that does not
+    block it, and the C handler wakes the watchdog.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no masks, and no process-group signals either
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def leave_stop_signals_to_the_main_process() -> None:
+    """In a data-loader worker: ignore :data:`STOP_SIGNALS`, then unblock them (:func:`stop_signals_held`).
+
+    The main process stops the run after saving; a worker that died of the signal first would make the
+    loader raise "DataLoader worker ... is killed by signal" in the middle of the step. A worker still
+    ends with the main process: it is ended by :func:`exit_after_interrupt`, or by the loader's shutdown,
+    or it notices its parent is gone (torch checks every 5 s).
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _end_worker_processes() -> None:
+    """End this process's daemonic children (data-loader workers) before ``os._exit``.
+
+    A normal interpreter exit terminates them with SIGTERM; ``os._exit`` skips that, and they ignore SIGTERM
+    anyway. torch's SIGCHLD handler would report their end as a failed worker, so it is reset first; that is
+    possible on the main thread only, elsewhere the workers are left to notice their parent is gone.
+    """
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except (AttributeError, ValueError):  # no SIGCHLD (Windows), or not the main thread
+        return
+    workers = [child for child in multiprocessing.active_children() if child.daemon]
+    for worker in workers:
+        worker.kill()
+    for worker in workers:
+        worker.join(timeout=5)
+
+
 def run_before_interrupt_exit(callback) -> None:
     """Have :func:`exit_after_interrupt` call ``callback()`` before it ends the process (which skips ``finally``)."""
     _BEFORE_EXIT.append(callback)
@@ -192,5 +262,6 @@ def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None,
             callback()
     # Everything is saved and reported. Python restores the default handlers while it shuts down (slowly,
     # with torch loaded), so a late second signal would kill the process with -15 after the report: end now.
+    _end_worker_processes()
     flush_output()
     os._exit(exit_code or 1)

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from utils.augmentations import random_rescale
 from utils.callbacks import Callbacks
-from utils.ddp import DistInfo, barrier, gather_objects, rank_ordered_mean_hook
+from utils.ddp import DistInfo, barrier, gather_objects, launched_by_torchrun, rank_ordered_mean_hook
 from utils.errors import NonFiniteLoss
 from utils.logging import LOGGER, colorstr
 from utils.loss import ComputeLoss, scale_loss_gains
@@ -165,7 +165,8 @@ class TrainLoop:
         self.nb = sampler.steps() if self.micro else len(self.ctx.train_loader)
         self.n_warmup = max(round(self.hyp["warmup_epochs"] * self.nb), 100) if self.hyp["warmup_epochs"] > 0 else 0
         finished, self.epoch, t0 = True, self.start_epoch, time.time()
-        with GracefulInterrupt(describe_saved=self.ctx.saver.describe) as self.interrupt:
+        with GracefulInterrupt(describe_saved=self.ctx.saver.describe,
+                               launcher_passes_signals_on=launched_by_torchrun()) as self.interrupt:
             self.announce()
             self._run_hooks(hooks, "before_train")
             try:
