@@ -203,7 +203,7 @@ class MicroBatchStep:
         total = reduce_partials(partial, size, self.info, self.device)
         offset = 0
         for p, before in zip(self.params, held):
-            grad = total[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            grad = torch.empty_like(p).copy_(total[offset:offset + p.numel()].view_as(p))  # p's memory layout
             offset += p.numel()
             p.grad = grad if before is None else before + grad
 
