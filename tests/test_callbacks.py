@@ -13,7 +13,7 @@ from tests.support.launchers import launcher_env
 from tests.support.nan_injection import nan_at_batch
 from tests.support.run_outputs import results_rows
 from utils.callbacks import HOOKS, CallbackError, Callbacks
-from utils.errors import NonFiniteLoss, UserError
+from utils.errors import UserError
 from utils.training.checkpoints import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

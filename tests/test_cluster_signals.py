@@ -18,8 +18,8 @@ from torch.utils.data import Dataset
 
 from tests.conftest import TINY_CFG, write_shapes_dataset
 from tests.support.cluster_doc import JOB_ID, bash_array, batch_script, fake_srun, requeues, slurm_job, with_settings
-from tests.support.group_signals import (start_in_own_session, tracebacks, wait_for_a_finished_batch, wait_for_text,
-                                         wait_until_group_is_gone)
+from tests.support.group_signals import (saved_mid_epoch_0, start_in_own_session, tracebacks, wait_for_a_finished_batch,
+                                         wait_for_text, wait_until_group_is_gone)
 from tests.support.launchers import ROOT, launcher_env, wait_for
 from tests.support.process_tree import group_members, signal_every_process
 from tests.support.run_outputs import weights_checksum
@@ -162,10 +162,7 @@ def assert_clean_stop(stopped: subprocess.CompletedProcess, signum: int, last_pt
     assert not tracebacks(out) and "DataLoader worker" not in out, out[-3000:]
     assert f"{signal.Signals(signum).name} received: finishing the current step" in out, out[-3000:]
     assert f"Resume with:\n    python train.py --resume {last_pt}" in out, out[-3000:]
-    ckpt = torch.load(last_pt, weights_only=True)
-    epoch, batch = ckpt["next_position"]
-    assert ckpt["optimizer"] is not None and epoch == 0 and 0 < batch < BATCHES, (epoch, batch)
-    return batch
+    return saved_mid_epoch_0(last_pt, BATCHES)
 
 
 @pytest.mark.slow

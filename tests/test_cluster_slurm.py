@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import TINY_CFG, write_shapes_dataset
 from tests.support.cluster_doc import JOB_ID, bash_array, batch_script, requeues, slurm_job, with_settings
-from tests.support.group_signals import (assert_only_torchrun_tracebacks, start_in_own_session,
+from tests.support.group_signals import (assert_only_torchrun_tracebacks, saved_mid_epoch_0, start_in_own_session,
                                          wait_for_a_finished_batch)
 from tests.support.launchers import ROOT, launcher_env
 from tests.support.process_tree import job_processes, signal_every_process, still_running
@@ -73,10 +72,7 @@ def assert_saved_mid_epoch(out: str, signum: int, last_pt: Path) -> int:
     assert_only_torchrun_tracebacks(out)
     assert f"{signal.Signals(signum).name} received: finishing the current step" in out, out[-3000:]
     assert f"with train.py's arguments replaced by --resume {last_pt}" in out, out[-3000:]
-    ckpt = torch.load(last_pt, weights_only=True)
-    epoch, batch = ckpt["next_position"]
-    assert ckpt["optimizer"] is not None and epoch == 0 and 0 < batch < BATCHES, (epoch, batch)
-    return batch
+    return saved_mid_epoch_0(last_pt, BATCHES)
 
 
 def write_script(folder: Path, runs: Path, data: Path) -> Path:

@@ -53,3 +53,13 @@ def assert_only_torchrun_tracebacks(output: str) -> None:
     for block in tracebacks(output):
         assert "torch/distributed/elastic" in block and "SignalException" in block, block[:3000]
     assert "Second SIG" not in output and "DataLoader worker" not in output, output[-3000:]
+
+
+def saved_mid_epoch_0(last_pt: Path, batches: int) -> int:
+    """The batch of epoch 0 after which ``last_pt`` holds a resumable state (asserted mid-epoch)."""
+    import torch
+
+    ckpt = torch.load(last_pt, weights_only=True)
+    epoch, batch = ckpt["next_position"]
+    assert ckpt["optimizer"] is not None and epoch == 0 and 0 < batch < batches, (epoch, batch)
+    return batch
