@@ -150,7 +150,7 @@ def test_a_bare_yaml_name_is_found_in_models_or_data_as_in_yolov5(tmp_path, monk
 
     monkeypatch.chdir(tmp_path)
     opt = argparse.Namespace(cfg="yolov5n.yaml", hyp="hyp.scratch-low.yaml", data="shapes.yaml", weights="",
-                             epochs=1, imgsz=64, patience=0, workers=0, save_interval=1.0, cache=None)
+                             epochs=1, imgsz=64, patience=0, workers=0, save_interval=1.0, cache=None, micro_batch=0)
     check_options(opt, train.TRAIN_RULES)
     assert (opt.cfg, opt.hyp, opt.data) == (str(REPO_ROOT / "models" / "yolov5n.yaml"),
                                             str(REPO_ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"),

@@ -20,7 +20,7 @@ from utils.errors import exit_on_user_error
 from utils.options import OptionRules
 from utils.training.micro_batches import MicroBatchStep, join_micro_batches
 
-RULES = OptionRules(positive=("imgsz", "batch_size", "reps", "threads", "warmup"))
+RULES = OptionRules(positive=("imgsz", "batch_size", "reps", "threads", "warmup"), files=("cfg",))
 
 
 def step_timer(loop, imgs, targets, micro_batch: int):
