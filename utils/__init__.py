@@ -1,3 +1,5 @@
 """Shared helpers of the entry scripts; ``__version__`` is the project's release (see CHANGELOG.md)."""
 
-__version__ = "1.0.0"
+from utils.version import __version__
+
+__all__ = ["__version__"]

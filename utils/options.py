@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils import __version__
+from utils.version import __version__
 from utils.errors import UserError
 from utils.files import check_folder_can_be_made
 from utils.logging import LOGGER
