@@ -9,7 +9,7 @@ first two, for checkpoints trained with the authors' code; see :class:`_Weighted
 * FFM normalises its per-channel weights to mean 1 (``C * w / sum(w)``), not to sum 1: with sum 1
   every channel is scaled by ``1/C`` (1/64 to 1/160 in FFCA-YOLO-n), which puts the next
   BatchNorm's input variance (~1e-5) far below its eps (1e-3), so that BatchNorm no longer
-  normalises and its output starts at ~0.09 std (docs/accuracy.md). The relative channel weights,
+  normalises and its output starts at ~0.09 std (docs/research/). The relative channel weights,
   the parameters and their count are unchanged;
 * SCAM's global pools use ``mean``/``amax`` over H, W, whose CUDA backward is deterministic,
   instead of ``nn.AdaptiveMaxPool2d``, which breaks ``torch.use_deterministic_algorithms(True)``.
@@ -37,7 +37,7 @@ FFM_ARITHMETICS = ("fixed", "authors")  # FFM_Concat2/3 weighting; see _Weighted
 # last scale so the module starts as its shortcut (Goyal et al. 2017; timm's zero_init_last); 'published'
 # keeps the authors'. SCAM defaults to 'zero_last': its published branch triples the backbone's gradient at
 # the start. FEM defaults to 'published': its branch is already 0.1 of its shortcut, and a zeroed BatchNorm
-# scale stays under 0.002 for 100 epochs, so its dilated branches would never be used (docs/accuracy.md).
+# scale stays under 0.002 for 100 epochs, so its dilated branches would never be used (docs/research/).
 BRANCH_INITS = ("zero_last", "published")
 
 

@@ -70,6 +70,24 @@ def test_dataset_figure_has_size_bands_objects_per_image_and_classes():
     assert [p.get_width() for p in classes.patches] == [2, 2]
 
 
+@pytest.mark.parametrize("size", [(18, 4), (15, 3.6), (9, 3)])  # the default, the docs picture's, a narrow one
+def test_dataset_figure_band_labels_do_not_overlap_each_other_or_the_bars(size):
+    from utils.dataset.dataset_stats import report_figure
+
+    split = {"sizes": np.array([3.0] * 5 + [12.0] * 40 + [20.0] * 300 + [31.0] * 240 + [40.0] * 9),
+             "per_image": np.array([2, 3]), "classes": np.array([0, 1])}
+    fig = report_figure({"names": ["a", "b"], "imgsz": 256, "splits": {"train": split}})
+    fig.set_size_inches(*size)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    sizes = fig.axes[0]
+    labels = [t.get_window_extent(renderer) for t in sizes.texts]
+    assert len(labels) == 4
+    for i, a in enumerate(labels):
+        assert not any(a.overlaps(b) for b in labels[i + 1:]), sizes.texts[i].get_text()
+        assert not any(a.overlaps(bar.get_window_extent(renderer)) for bar in sizes.patches if bar.get_height())
+
+
 @pytest.mark.slow
 def test_val_plot_bands_flag_writes_the_band_pr_plot(shapes_data, tiny_cfg, tmp_path):
     import val

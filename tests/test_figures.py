@@ -18,12 +18,24 @@ def test_a_picture_over_the_size_limit_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "big.png").exists()
 
 
-def test_the_caption_names_the_command_and_both_commits():
+def test_the_caption_names_the_command_and_both_versions():
     fig = draw.figure(6, 3)
-    draw.caption(fig, draw.trained("yolov5n, 2 epochs", "abc1234-dirty"), "def5678")
+    draw.caption(fig, draw.trained("yolov5n, 2 epochs", "0.9.0"), "1.0.0")
     text = " ".join(fig.texts[0].get_text().split())
-    assert "Trained: yolov5n, 2 epochs (at commit abc1234-dirty)." in text
-    assert "Made by `python -m benchmarks.figures` at commit def5678." in text
+    assert "Trained: yolov5n, 2 epochs (at version 0.9.0)." in text
+    assert "Made by `python -m benchmarks.figures` at version 1.0.0." in text
+
+
+def test_a_finished_run_is_stamped_with_the_project_version_once(tmp_path, monkeypatch):
+    """The stamp is the version the run was trained at, never a commit (a working tree's "-dirty" means nothing)."""
+    from utils import __version__
+
+    runs.stamp(tmp_path)
+    assert runs.trained_at(tmp_path) == __version__
+    monkeypatch.setattr(runs, "__version__", "9.9.9")
+    runs.stamp(tmp_path)  # a later redraw at another version keeps the version it was trained at
+    assert runs.trained_at(tmp_path) == __version__
+    assert runs.trained_at(tmp_path / "no-stamp") == "unknown"
 
 
 def test_yolo_labels_become_pixel_boxes(tmp_path):

@@ -587,7 +587,7 @@ def test_ffm_uniform_weights_and_input_checks():
 
 def test_ffm_keeps_the_next_batchnorm_normalising_at_initialisation():
     """FFM weights sum to 1 upstream, scaling each channel by 1/C: the next BatchNorm's input variance
-    then falls below its eps and its output starts near 0.09 std instead of 1 (docs/accuracy.md)."""
+    then falls below its eps and its output starts near 0.09 std instead of 1 (docs/research/)."""
     torch.manual_seed(0)
     model = Model(ROOT / "models" / "ffca-yolo-n.yaml", nc=4).train()
     ffm_ids = [layer.i for layer in model.model if isinstance(layer, (FFM_Concat2, FFM_Concat3))]

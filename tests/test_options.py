@@ -31,6 +31,23 @@ def test_every_entry_script_defines_the_shared_flags_once():
         assert opt.exist_ok and (opt.imgsz == 320 or opt.imgsz == [320])
 
 
+@pytest.mark.parametrize("module", [train, val, detect])
+def test_version_prints_the_project_version_without_other_flags(module, capsys):
+    """``--version`` answers even though val and detect require --weights, --data or --source."""
+    from utils import __version__
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", __version__)
+    with pytest.raises(SystemExit) as info:
+        module.parse_opt(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"python {module.__name__}.py {__version__}"
+
+
+def test_version_is_no_keyword_of_the_python_api(tmp_path):
+    with pytest.raises(UserError, match="version=: no such option"):
+        train.run(version=True, project=str(tmp_path))
+
+
 @pytest.mark.parametrize("module, argv", [
     (val, ["--data", "d.yaml", "--weights", "w.pt"]),
     (detect, ["--weights", "w.pt", "--source", "x.jpg"]),

@@ -380,7 +380,7 @@ def test_environment_report_is_plain_and_complete(capsys):
 
 @pytest.mark.slow
 def test_environment_report_names_the_cpu_kernels_in_use_not_the_processors_best():
-    """Two machines' runs differ when ATen's CPU kernels differ in vector width (docs/accuracy.md): the report
+    """Two machines' runs differ when ATen's CPU kernels differ in vector width (docs/research/): the report
     gives the width in use, which ATEN_CPU_CAPABILITY can lower below what the processor offers."""
     import subprocess
     import sys

@@ -1,6 +1,6 @@
 """benchmarks/accuracy/vs_authors.py's bookkeeping, without training: the patched working copy of the
 authors' code, each side's command line, and which runs ``--sides`` asks for. The training itself is the
-benchmark's (docs/accuracy.md)."""
+benchmark's (docs/research/)."""
 
 from pathlib import Path
 

@@ -35,7 +35,7 @@ def objectness_balance(strides, by_stride: bool = True) -> list[float]:
     shrinks with the level's slot count, 4x per halving of the stride. YOLOv5's weights 4.0 / 1.0 /
     0.4 for strides 8 / 16 / 32 undo most of that, but YOLOv5 picks them by level position, so a
     stride-4 level gets stride 8's 4.0 and each of its positives pulls 4x less than in yolov5n
-    (docs/accuracy.md). ``by_stride`` (hyp ``obj_balance_by_stride: 1``) gives every level
+    (docs/research/). ``by_stride`` (hyp ``obj_balance_by_stride: 1``) gives every level
     ``4.0 * (8 / s) ** 2`` (0.4 at stride 32): 16.0 at stride 4, YOLOv5's values at strides 8-32.
     ``by_stride=False`` is YOLOv5's (and the FFCA-YOLO authors') list by position.
     """

@@ -12,6 +12,7 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.version import __version__
 from utils.errors import UserError
 from utils.files import check_folder_can_be_made
 from utils.logging import LOGGER
@@ -39,7 +40,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
         spellings of one flag, is one UserError line: a typo would otherwise be ignored and the run trained with
         the default."""
         spellings = {s.lstrip("-").replace("-", "_"): a.dest for a in self._actions for s in a.option_strings
-                     if a.dest != "help"}
+                     if a.dest not in ("help", "version")}
         actions = {a.dest: a for a in self._actions}
         opt, seen = self.parse_args([]), {}
         for key, value in keywords.items():
@@ -142,7 +143,8 @@ EXPORT_UPSTREAM_FLAGS = {
 
 def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: str, many_weights: bool = True,
                      imgsz_help: str = "image size (pixels)", imgsz_hw: bool = False) -> None:
-    """``--weights``, ``--imgsz`` (aliases ``--img``, ``--img-size``), ``--device`` and ``--project/--name/--exist-ok``.
+    """``--weights``, ``--imgsz`` (aliases ``--img``, ``--img-size``), ``--device``, ``--project/--name/--exist-ok``
+    and ``--version``.
 
     ``many_weights``: several files (an ensemble) and required, as in val/detect; otherwise one
     optional file ('' = from scratch), as in train. ``imgsz_hw``: accept ``h w`` (detect).
@@ -159,6 +161,8 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: 
     parser.add_argument("--project", default=str(project), help="save to project/name")
     parser.add_argument("--name", default="exp", help="save to project/name")
     parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
+    parser.add_argument("--version", action="version", version=f"{parser.prog} {__version__}",
+                        help="print the project's version and exit")
 
 
 @dataclass(frozen=True)

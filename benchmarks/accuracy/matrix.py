@@ -14,7 +14,7 @@ later than yolov5n-p2's + 2, final mAP50-95 at or above yolov5n's), and, for a c
 several training seeds, the same target on the medians over them, with issue 38's second start
 condition (no later than yolov5n + 2 where yolov5n starts).
 
-    python -m benchmarks.accuracy.matrix --jobs 2 --out runs/accuracy-matrix   # the full matrix (docs/accuracy.md)
+    python -m benchmarks.accuracy.matrix --jobs 2 --out runs/accuracy-matrix   # the full matrix (docs/research/)
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1     # one cell
     python -m benchmarks.accuracy.matrix --kinds glyphs --sizes 256 --seeds 1 --train-seeds 2 3   # reruns of it
 
@@ -51,7 +51,7 @@ BANDS = {"very_tiny": "<8", "tiny": "8-16", "aitod_small": "16-32"}  # AI-TOD ba
 DEFAULT_MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
 COMPARED_MODELS = ("ffca-yolo-n", "yolov5n-p2", "yolov5n")  # the targets' order: the model, then its yardsticks
 KINDS = ("shapes", "glyphs", "photos")
-DEFAULT_KINDS = ("shapes", "glyphs")  # the matrix of docs/accuracy.md; photos came later
+DEFAULT_KINDS = ("shapes", "glyphs")  # the matrix of docs/research/; photos came later
 MIN_SIZE = 64  # the smallest image every kind's generator can place its largest objects in
 SIZE_STEP = 32  # the models' largest stride: train.py would round any other size, and the table would misname it
 START_MAP50 = 0.001  # "has started to detect": mAP50 above this

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-LIMIT_BYTES = 200_000  # issue 40: every committed picture at most 200 KB
+LIMIT_BYTES = 200_000  # every committed picture at most 200 KB, so the repository stays small
 CLASS_COLOURS = ("#ffe119", "#00e5ff", "#ff7f00", "#ffffff", "#ff00ff", "#00ff00")  # bright on the shapes' backgrounds
 COMMAND = "python -m benchmarks.figures"
 
@@ -23,14 +23,14 @@ def figure(width: float, height: float):
     return fig
 
 
-def trained(what: str, commit: str) -> str:
-    """The source sentence of a picture drawn from training runs."""
-    return f"Trained: {what} (at commit {commit})."
+def trained(what: str, version: str) -> str:
+    """The source sentence of a picture drawn from training runs, trained at project version ``version``."""
+    return f"Trained: {what} (at version {version})."
 
 
 def caption(fig, source: str, drawn_at: str) -> None:
-    """Footer naming where the picture's data came from, the command that drew it and the commit."""
-    text = f"{source} Made by `{COMMAND}` at commit {drawn_at}."
+    """Footer naming where the picture's data came from, the command that drew it and the project version."""
+    text = f"{source} Made by `{COMMAND}` at version {drawn_at}."
     width = int(fig.get_figwidth() * 15)  # characters per line at fontsize 8
     fig.text(0.01, 0.0, textwrap.fill(text, width), ha="left", va="top", fontsize=8, color="0.3")
 

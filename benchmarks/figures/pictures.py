@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from benchmarks.figures import draw, runs
+from utils import __version__
 
 MODELS = ("yolov5n", "yolov5n-p2", "ffca-yolo-n")
 MODEL_COLOURS = {"yolov5n": "tab:gray", "yolov5n-p2": "tab:blue", "ffca-yolo-n": "tab:red"}
@@ -42,7 +43,7 @@ def detections(run_dir: Path, out: Path, count: int = 3) -> int:
             ax.set_axis_off()
     draw.legend(fig, detector.names)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.9, bottom=0.02, wspace=0.04, hspace=0.12)
-    draw.caption(fig, draw.trained(runs.DETECTOR_TEXT, runs.trained_at(run_dir)), runs.commit())
+    draw.caption(fig, draw.trained(runs.DETECTOR_TEXT, runs.trained_at(run_dir)), __version__)
     return draw.save_png(fig, out)
 
 
@@ -67,7 +68,7 @@ def learning_curves(rows: list[dict], out: Path) -> int:
         ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    draw.caption(fig, draw.trained(runs.MATRIX_TEXT, stamps(rows)), runs.commit())
+    draw.caption(fig, draw.trained(runs.MATRIX_TEXT, stamps(rows)), __version__)
     return draw.save_png(fig, out)
 
 
@@ -89,7 +90,7 @@ def size_bands(rows: list[dict], out: Path) -> int:
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    draw.caption(fig, draw.trained(runs.MATRIX_TEXT, stamps(rows)), runs.commit())
+    draw.caption(fig, draw.trained(runs.MATRIX_TEXT, stamps(rows)), __version__)
     return draw.save_png(fig, out)
 
 
@@ -152,7 +153,7 @@ def sliced(run_dir: Path, out: Path, crop: int = 448) -> int:
     source = (f"Scene: {path.name} of four generated 1024-px scenes (data/shapes_large.yaml's recipe); the {crop}-px "
               f"window at ({x0}, {y0}) with the most objects is shown, counts are over the whole scene. "
               + draw.trained(runs.DETECTOR_TEXT, runs.trained_at(run_dir)))
-    draw.caption(fig, source, runs.commit())
+    draw.caption(fig, source, __version__)
     return draw.save_png(fig, out)
 
 
@@ -164,5 +165,5 @@ def size_histogram(out: Path, imgsz: int = 256) -> int:
     fig.set_size_inches(15, 3.6)
     source = (f"Data: data/shapes.yaml, train split, sizes at --imgsz {imgsz}; the same figure as "
               f"`python -m utils.dataset.dataset_stats --data data/shapes.yaml --imgsz {imgsz} --plot sizes.png`.")
-    draw.caption(fig, source, runs.commit())
+    draw.caption(fig, source, __version__)
     return draw.save_png(fig, out)

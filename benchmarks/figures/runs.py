@@ -9,14 +9,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 from pathlib import Path
 
+from utils import __version__
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "runs" / "figures"
-STAMP = "trained-at.txt"  # the commit a run was trained at, written when it finishes
+STAMP = "trained-at.txt"  # the project version a run was trained at, written when it finishes
 
 # The README's first command, into the cache (workers 0: same weights, one process).
 DETECTOR = {"cfg": "models/ffca-yolo-n.yaml", "imgsz": 128, "epochs": 40, "workers": 0, "noplots": True,
@@ -31,13 +31,6 @@ MATRIX_TEXT = ("accuracy matrix cell shapes, 128 px, data seed 0, training seeds
 # A large scene in data/shapes_large.yaml's recipe (1024 px, 30-60 objects of 6-16 px), four of them.
 SCENE = {"n_train": 1, "n_val": 4, "seed": 0, "size": 1024, "sides": (6, 16), "objects": (30, 60)}
 SHAPE_NAMES = {0: "circle", 1: "square", 2: "triangle", 3: "cross"}
-
-
-def commit(dirty: bool = False) -> str:
-    """Short hash of HEAD (with ``-dirty`` when asked and the tree has changes); "unknown" outside git."""
-    args = ["git", "describe", "--always", "--abbrev=7"] + (["--dirty"] if dirty else [])
-    run = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
-    return run.stdout.strip() if run.returncode == 0 else "unknown"
 
 
 def trained_at(run_dir: Path) -> str:
@@ -56,7 +49,7 @@ def finished(run_dir: Path, epochs: int) -> bool:
 
 def stamp(run_dir: Path) -> None:
     if not (run_dir / STAMP).exists():
-        (run_dir / STAMP).write_text(commit(dirty=True) + "\n")
+        (run_dir / STAMP).write_text(__version__ + "\n")
 
 
 def detector_run(train: bool) -> Path:

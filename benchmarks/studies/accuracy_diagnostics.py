@@ -1,4 +1,4 @@
-"""Start-of-training diagnostics for the small-object study (docs/accuracy.md).
+"""Start-of-training diagnostics for the small-object study (docs/research/).
 
 For each model variant on the tiny-shapes data: AutoAnchor's anchors per level, the share of
 positive (target, anchor, cell) assignments per level, the initial objectness probability per

@@ -177,13 +177,14 @@ def report_figure(report: dict):
     ax1, ax2, ax3 = fig.subplots(1, 3)
     sizes = st["sizes"][st["sizes"] > 0]
     bins = np.geomspace(1, max(float(sizes.max()) if len(sizes) else 64, 64), 40)
-    ax1.hist(sizes, bins=bins, color="tab:blue")
+    counts, _, _ = ax1.hist(sizes, bins=bins, color="tab:blue")
     ax1.set_xscale("log")
+    ax1.set_ylim(0, 1.35 * max(counts.max(), 1))  # headroom: the band labels sit above the bars
     for _, lo, _ in BANDS[1:]:
         ax1.axvline(lo, color="tab:red", linestyle="--", linewidth=1)
-    for label, lo, hi in BANDS:
-        ax1.text(math.sqrt(max(lo, 1) * min(hi, bins[-1])), 0.98, label, transform=ax1.get_xaxis_transform(),
-                 ha="center", va="top", fontsize=7, color="tab:red")
+    for row, (label, lo, hi) in enumerate(BANDS):  # neighbouring labels on alternate rows, so they never overlap
+        ax1.text(math.sqrt(max(lo, 1) * min(hi, bins[-1])), 0.98 - 0.09 * (row % 2), label,
+                 transform=ax1.get_xaxis_transform(), ha="center", va="top", fontsize=7, color="tab:red")
     ax1.set(xlabel=f"object size sqrt(w*h), px at imgsz {report['imgsz']}", ylabel="objects",
             title="train object sizes (bands 8 / 16 / 32 px)")
     per_image = st["per_image"]

@@ -1,0 +1,201 @@
+"""The release files and the handbook's rules that a program can check: the license is the whole AGPL-3.0,
+the version agrees everywhere it is written, the citation names the FFCA-YOLO paper, user pages name no issue
+numbers or commit hashes, the first command's figure is one median and range everywhere, and every command
+the README shows parses."""
+
+import argparse
+import importlib
+import re
+import shlex
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.markdown import commands, user_pages
+from utils import __version__
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_DOI = "10.1109/TGRS.2024.3363057"
+
+
+def read(name: str) -> str:
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def test_license_is_the_complete_agpl_3():
+    text = read("LICENSE")
+    lines = text.splitlines()
+    assert lines[0].strip() == "GNU AFFERO GENERAL PUBLIC LICENSE"
+    assert lines[1].strip() == "Version 3, 19 November 2007"
+    sections = re.findall(r"^ {2}(\d+)\. [A-Z]", text, flags=re.M)
+    assert sections == [str(n) for n in range(18)]  # 0. Definitions ... 17. Interpretation of Sections 15 and 16
+    assert "13. Remote Network Interaction; Use with the GNU General Public License." in text
+    assert "END OF TERMS AND CONDITIONS" in text and len(lines) == 661
+
+
+def changelog_versions(markdown: str) -> list:
+    return re.findall(r"^## (\d+\.\d+\.\d+)\b", markdown, flags=re.M)
+
+
+def test_the_version_is_the_same_in_the_code_the_citation_and_the_changelog():
+    citation = yaml.safe_load(read("CITATION.cff"))
+    assert str(citation["version"]) == __version__
+    assert changelog_versions(read("CHANGELOG.md"))[0] == __version__
+
+
+def test_changelog_versions_are_newest_first():
+    assert changelog_versions("## 1.1.0 (unreleased)\n\n## 1.0.0\n") == ["1.1.0", "1.0.0"]
+    versions = [tuple(map(int, v.split("."))) for v in changelog_versions(read("CHANGELOG.md"))]
+    assert versions == sorted(versions, reverse=True) and len(set(versions)) == len(versions)
+
+
+def test_the_citation_refers_to_the_ffca_yolo_paper():
+    citation = yaml.safe_load(read("CITATION.cff"))
+    assert citation["cff-version"] == "1.2.0" and citation["authors"] and citation["license"].startswith("AGPL-3.0")
+    paper = next(r for r in citation["references"] if r.get("doi") == PAPER_DOI)
+    assert [a["family-names"] for a in paper["authors"]] == ["Zhang", "Ye", "Zhu", "Liu", "Guo", "Yan"]
+    assert paper["year"] == 2024 and "Remote Sensing" in paper["journal"]
+
+
+ISSUE_NUMBER = re.compile(r"\bissues?[ -]#?\d+|\bPR ?#?\d+|\bpull request #?\d+", flags=re.I)
+# 7 to 40 hex digits with at least one letter and one digit, not part of a longer word, path or number
+COMMIT_HASH = re.compile(r"(?<![\w./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?=-dirty\b|(?![\w-]))")
+
+
+def lab_log_marks(markdown: str) -> list:
+    return ISSUE_NUMBER.findall(markdown) + COMMIT_HASH.findall(markdown)
+
+
+def test_the_lab_log_checker_finds_issue_numbers_and_hashes_only():
+    text = "As issue 40 found (see #issue-38-x), at e19b661 and 60cc776-dirty, in PR 12."
+    assert lab_log_marks(text) == ["issue 40", "issue-38", "PR 12", "e19b661", "60cc776"]
+    clean = ("1,872,157 params, 0.517 mAP, cu128, AVX512, SHA-256, 4096:8, yolov5n-p2, decade, "
+             "github.com/yemu1138178251/FFCA-YOLO/issues/13, 2026-12-05-initialisation.md")
+    assert lab_log_marks(clean) == []
+
+
+@pytest.mark.parametrize("page", user_pages())
+def test_user_pages_name_no_issue_numbers_or_commit_hashes(page):
+    """The handbook is for users, who cannot follow an issue number or a commit; the study log keeps them."""
+    assert lab_log_marks(read(page)) == [], page
+
+
+def first_command_table(results: str) -> dict:
+    """docs/results.md's first-command table: ``{"seeds": {seed: (mAP50, mAP50-95)}, "median": row text}``."""
+    section = results.split("## The first command", 1)[1].split("\n## ", 1)[0]
+    seeds = {int(seed): (float(m50), float(m5095)) for seed, m50, m5095
+             in re.findall(r"^\| (\d+) \| (0\.\d{3}) \| (0\.\d{3}) \|$", section, flags=re.M)}
+    median = re.search(r"^\| median \(range\) \| (.+) \| (.+) \|$", section, flags=re.M)
+    return {"seeds": seeds, "median": median.groups() if median else None}
+
+
+def median_and_range(values) -> str:
+    return f"{statistics.median(values):.3f} (range {min(values):.3f}–{max(values):.3f})"
+
+
+def test_the_first_command_figure_is_the_median_and_range_of_its_seeds():
+    table = first_command_table(read("docs/results.md"))
+    assert sorted(table["seeds"]) == [0, 1, 2]
+    mAP50, mAP50_95 = zip(*table["seeds"].values())
+    assert table["median"] == (median_and_range(mAP50), median_and_range(mAP50_95))
+
+
+def test_the_readmes_quote_the_first_command_figure_of_the_results():
+    mAP50_95 = [m for _, m in first_command_table(read("docs/results.md"))["seeds"].values()]
+    median, low, high = (f"{v:.3f}" for v in (statistics.median(mAP50_95), min(mAP50_95), max(mAP50_95)))
+    assert f"median **mAP50-95 {median} (range\n{low}–{high})**" in read("README.md")
+    assert f"mAP50-95 中位数为 {median}（范围 {low}–{high}）" in read("README.zh-CN.md")
+
+
+def first_command_figures(markdown: str) -> set:
+    """mAP figures written right after ``mAP50``/``mAP50-95`` in paragraphs that speak of the first command."""
+    found = set()
+    for paragraph in re.split(r"\n\s*\n", markdown):
+        if re.search(r"first command|第一条命令", paragraph, flags=re.I):
+            found |= set(re.findall(r"mAP50(?:-95)?[^0-9\n]{0,8}?(\d\.\d{3})(?!\d)", paragraph))
+    return found
+
+
+def test_the_figure_finder_reads_only_first_command_paragraphs():
+    text = ("The first command reached mAP50 0.839, mAP50-95 **0.517**.\n\n"
+            "Another run: mAP50-95 0.600.\n\nThe first command's model on scenes: mAP50 over four scenes 0.615, "
+            "mAP50 0.0032.")
+    assert first_command_figures(text) == {"0.839", "0.517"}
+
+
+@pytest.mark.parametrize("page", user_pages())
+def test_every_page_quotes_the_same_first_command_figures(page):
+    table = first_command_table(read("docs/results.md"))
+    measured = {f"{v:.3f}" for pair in table["seeds"].values() for v in pair}
+    assert first_command_figures(read(page)) <= measured, page
+
+
+class Parsed(Exception):
+    """Raised instead of running the command once its outermost argument parse has finished."""
+
+    def __init__(self, unknown: list):
+        super().__init__(unknown)
+        self.unknown = unknown
+
+
+# README command -> (module, function that parses its arguments); a script run by file path has a module too
+PARSERS = {"train.py": ("train", "parse_opt"), "val.py": ("val", "parse_opt"), "detect.py": ("detect", "parse_opt"),
+           "export.py": ("export", "parse_opt"), "audit.py": ("audit", "parse_opt"),
+           "convert_checkpoint.py": ("convert_checkpoint", "parse_opt"), "models/yolo.py": ("models.yolo", "main"),
+           "data/scripts/convert.py": ("utils.converters.cli", "main")}
+
+
+def python_argv(command: str) -> list | None:
+    """``["train.py", "--epochs", "3"]`` or ``["-m", "pkg", ...]`` of a shown command, also inside torchrun or docker."""
+    words = shlex.split(command)
+    if words[0] == "torchrun":
+        return next(words[i:] for i, w in enumerate(words) if w.endswith(".py"))
+    starts = [i for i, w in enumerate(words) if w == "python"]
+    return words[starts[0] + 1:] if starts else None
+
+
+def parse_only(argv: list, monkeypatch) -> list:
+    """Parse ``argv`` with its script's own parser, in this process, without running it; the unknown arguments."""
+    if argv[0] == "-m":
+        name, args = argv[1], argv[2:]
+        module = importlib.import_module(name)
+        if not hasattr(module, "parse_opt") and hasattr(module, "__path__"):
+            module = importlib.import_module(f"{name}.__main__")
+        parse = getattr(module, "parse_opt", None) or module.main
+    else:
+        assert argv[0] in PARSERS, f"{argv[0]}: add the script's parser to PARSERS"
+        name, function = PARSERS[argv[0]]
+        parse, args = getattr(importlib.import_module(name), function), argv[1:]
+    original, depth = argparse.ArgumentParser.parse_known_args, [0]
+
+    def parse_and_stop(self, args=None, namespace=None):
+        depth[0] += 1
+        try:
+            namespace, unknown = original(self, args, namespace)
+        finally:
+            depth[0] -= 1
+        if depth[0]:  # a subcommand's parser, inside the outer parse
+            return namespace, unknown
+        raise Parsed(unknown)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_and_stop)
+    with pytest.raises(Parsed) as parsed:
+        parse(args)
+    return parsed.value.unknown
+
+
+def test_parse_only_sees_an_unknown_flag_and_never_runs_the_command(monkeypatch):
+    assert parse_only(["train.py", "--epochs", "3", "--no-such-flag"], monkeypatch) == ["--no-such-flag"]
+    assert parse_only(["data/scripts/convert.py", "visdrone", "--src", "a", "--out", "b"], monkeypatch) == []
+    assert python_argv("torchrun --nproc_per_node 2 train.py --epochs 1") == ["train.py", "--epochs", "1"]
+    assert python_argv('docker run -v "$PWD/r:/r" img python val.py --data d') == ["val.py", "--data", "d"]
+
+
+def test_every_readme_command_parses(monkeypatch):
+    shown = [c for c in sorted(commands(read("README.md"))) if not c.startswith("pip ")]
+    argvs = [argv for argv in map(python_argv, shown) if argv]
+    assert len(argvs) >= 10
+    for argv in argvs:
+        assert parse_only(argv, monkeypatch) == [], " ".join(argv)
