@@ -111,3 +111,17 @@ def test_a_resume_that_does_not_end_with_the_reference_fails_and_a_crash_is_an_e
     assert [row.status for row in proof.rows] == ["FAIL", "ERROR"]
     assert "SIGTERM at epoch 0 batch 2" in proof.rows[0].detail and "exited 1" in proof.rows[1].detail
     assert proof.exit_code() == 1
+
+
+@pytest.mark.parametrize("mode, jobs", [("Default", 2), ("Exclusive_Process", 1)])
+def test_runs_share_the_gpus_only_where_the_compute_mode_lets_them(monkeypatch, mode, jobs):
+    monkeypatch.setattr(multi_gpu.preflight, "shm_mib", lambda: (4096.0, 8192.0))
+    monkeypatch.setattr(multi_gpu.preflight, "compute_mode", lambda index: mode)
+    args = multi_gpu.argparse.Namespace(jobs=None, device="cuda")
+    assert multi_gpu.runs_at_once(args, multi_gpu.FULL) == jobs
+
+
+def test_a_small_dev_shm_stops_the_proof_with_one_line(monkeypatch):
+    monkeypatch.setattr(multi_gpu.preflight, "shm_mib", lambda: (60.0, 64.0))
+    with pytest.raises(multi_gpu.UserError, match="/dev/shm has 60 MiB free.*--shm-size=2g"):
+        multi_gpu.runs_at_once(multi_gpu.argparse.Namespace(jobs=None, device="cuda"), multi_gpu.FULL)

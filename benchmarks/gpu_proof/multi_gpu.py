@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_proof import preflight
 from benchmarks.gpu_proof.proof import make_data, same_checksum
 from benchmarks.gpu_proof.report import DeadlineExceeded, Proof, verdict
 from benchmarks.gpu_proof.runs import RunResult, RunSettings, child_env, finished, read_log, run_to_end
@@ -64,7 +65,7 @@ class Plan:
 # 96 images at batch 16: 6 steps an epoch, so a SIGTERM after the first saved step lands mid-epoch;
 # --micro-batch 2 makes 8 micro-batches a step, 2 per process on 4 GPUs and 4 on 2. The default
 # hyperparameters' warm-up starts accumulation at 1 batch, so the optimizer steps from the first batch.
-FULL = Plan(ROOT / "models" / "ffca-yolo-n.yaml", imgsz=256, epochs=2, batch_size=16, micro_batch=2, workers=2,
+FULL = Plan(ROOT / "models" / "ffca-yolo-n.yaml", imgsz=256, epochs=2, batch_size=16, micro_batch=2, workers=1,
             n_train=96, n_val=16, budget_s=420, jobs=2)
 # The CPU dry run: 36 images at batch 8 make 5 steps (the last one short), 2 images a micro-batch.
 QUICK = Plan(ROOT / "tests" / "models" / "tiny.yaml", imgsz=64, epochs=1, batch_size=8, micro_batch=2, workers=0,
@@ -168,7 +169,7 @@ def sigterm_mid_epoch(cmd: list, project: Path, name: str, timeout: float, threa
             time.sleep(0.05)
         proc.wait(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
-        pass
+        pass  # still going at the deadline: killed below
     finally:
         timed_out = proc.poll() is None
         if timed_out:
@@ -282,7 +283,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the dry-run sizes (tiny model, 64 px, 1 epoch); for --device cpu")
     p.add_argument("--nproc", type=int, default=4, help="processes of each run (the switch goes to half as many)")
     p.add_argument("--budget", type=float, default=None, help="seconds until runs still going are killed")
-    p.add_argument("--jobs", type=int, default=None, help="runs at once (default 2 on CUDA, 1 on the CPU)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs at once (default 2 on CUDA, 1 in Exclusive_Process compute mode and on the CPU)")
     p.add_argument("--workdir", default=None, help="folder that gets a new subfolder per proof (default "
                                                    "runs/multi_gpu_proof)")
     args = p.parse_args(argv)
@@ -300,12 +302,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def runs_at_once(args, plan: Plan) -> int:
+    """Runs at once: ``--jobs``, else 1 on the CPU, or on GPUs whose compute mode lets one process in each; a
+    UserError when ``/dev/shm`` is too small for the data loaders and NCCL."""
+    shm = preflight.shm_mib()
+    if shm is not None and shm[0] < preflight.SHM_NEEDED_MIB:
+        raise UserError(f"/dev/shm has {shm[0]:.0f} MiB free; the runs' data loaders and NCCL need "
+                        f"{preflight.SHM_NEEDED_MIB} MiB: start the container with --shm-size=2g or --ipc=host")
+    if args.jobs or args.device == "cpu":
+        return args.jobs or 1
+    return 1 if preflight.compute_mode(0).startswith(preflight.EXCLUSIVE) else plan.jobs
+
+
 @exit_on_user_error
 def main(argv=None) -> int:
     """Run the proof, print the table, write ``--out``; 0 every row passed, 1 a row FAILs, 3 incomplete."""
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
-    budget, jobs = args.budget or plan.budget_s, args.jobs or (1 if args.device == "cpu" else plan.jobs)
+    budget, jobs = args.budget or plan.budget_s, runs_at_once(args, plan)
     workdir = Path(args.workdir or DEFAULT_WORKDIR)
     workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="multi_gpu_", dir=workdir)).resolve()
