@@ -47,8 +47,8 @@ _meta_kernels = []  # the torch.library registrations, kept alive for the proces
 class CudaBranchTensor(torch.Tensor):
     """A meta tensor that torch's Python code takes for a CUDA tensor, and whose cuDNN calls go to cuDNN.
 
-    Every tensor computed from one is one too (``torch.Tensor.__torch_function__`` converts the
-    results), so wrapping a step's input (:func:`as_cuda_branch`) is enough.
+    Every tensor computed from one is one too (its ``__torch_function__`` converts the results, as
+    ``torch.Tensor``'s does), so wrapping a step's input (:func:`as_cuda_branch`) is enough.
     """
 
     @property
