@@ -2,8 +2,8 @@
 
 The slow test runs the whole proof on the CPU (``--device cpu --quick``), which takes the CPU
 branches; tests/test_gpu_proof_replay.py replays the CUDA ones. The fast tests pin the parts: a
-failing check becomes a FAIL row without stopping the others, a mismatch between audit and
-device is a FAIL, a spent budget skips, and bad arguments exit 2 with one line.
+check that raises becomes an ERROR row (exit 3) without stopping the others, a mismatch between
+audit and device is a FAIL, a spent budget skips, and bad arguments exit 2 with one line.
 """
 
 import json
@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.gpu_proof import ops as proof_ops
 from benchmarks.gpu_proof.device import LiveDevice
-from benchmarks.gpu_proof.report import STATUSES, Proof, verdict
+from benchmarks.gpu_proof.report import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, STATUSES, Proof, row_kind, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,18 +75,46 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
     assert "Traceback" not in proc.stderr and not (tmp_path / "proof.json").exists()
 
 
-def test_a_failing_check_is_recorded_and_the_next_still_runs(tmp_path):
+def test_a_check_that_raises_is_an_error_row_with_its_reason_and_the_next_still_runs(tmp_path, capsys):
+    """An exception says the check could not run (a missing module, out of memory), not that the claim is false."""
     proof = Proof(tmp_path / "p.json", budget_s=60, meta={"device": "cpu"})
 
     def broken():
         raise ValueError("first line\nsecond line")
 
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
     proof.check("ops", "broken", broken)
+    proof.check("reruns", "tiny: rerun", out_of_memory)
     proof.check("ops", "fine", lambda: verdict(True, "ok"))
     record = json.loads((tmp_path / "p.json").read_text())
     assert [(r["name"], r["status"], r["detail"]) for r in record["rows"]] == [
-        ("broken", "FAIL", "ValueError: first line"), ("fine", "PASS", "ok")]
-    assert record["complete"] is False and record["counts"]["FAIL"] == 1
+        ("broken", "ERROR", "ValueError: first line"),
+        ("tiny: rerun", "ERROR", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+        ("fine", "PASS", "ok")]
+    assert [row_kind(r) for r in record["rows"]] == ["ERROR", "ERROR", "PASS"]
+    assert record["complete"] is False and record["counts"]["ERROR"] == 2 and record["counts"]["FAIL"] == 0
+    assert record["exit_code"] == EXIT_INCOMPLETE and proof.exit_code() == EXIT_INCOMPLETE
+    assert proof.verdict_line() == ("INCOMPLETE (exit 3), no verdict: 2 claim row(s) errored: ops/broken: "
+                                    "ValueError: first line; reruns/tiny: rerun: OutOfMemoryError: CUDA out of "
+                                    "memory. Tried to allocate 2.00 GiB")
+    assert "2 ERROR row(s):\n  ops/broken: ValueError: first line" in proof.table()
+    assert record["undecided"] == ["broken", "tiny: rerun"]
+
+
+def test_a_fail_outranks_an_error_and_an_information_row_that_raises_changes_nothing(tmp_path):
+    def missing_module():
+        raise ModuleNotFoundError("No module named 'pycocotools'")
+
+    proof = Proof(tmp_path / "p.json", budget_s=60, meta={})
+    proof.check("ops", "passes", lambda: verdict(True))
+    proof.check("timing", "tiny: off", missing_module, claim=False)
+    assert proof.rows[-1].status == "ERROR" and proof.exit_code() == EXIT_PASS
+    proof.check("scam", "raises", missing_module)
+    assert proof.exit_code() == EXIT_INCOMPLETE
+    proof.check("control", "false claim", lambda: verdict(False, "3 hashes"))
+    assert proof.exit_code() == EXIT_FAIL and proof.verdict_line().startswith("FAIL (exit 1): 1 claim row(s) failed")
 
 
 def test_a_spent_budget_skips_the_check_without_running_it(tmp_path):
@@ -307,7 +335,7 @@ def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
     proof = Proof(tmp_path / "p.json", budget_s=60, meta={})
     gpu_proof.timing_section(proof, gpu_proof.QUICK, TimedDevice(torch.device("cpu")), tmp_path / "data.yaml")
     rows = {row.name.rsplit(" ", 1)[1]: row for row in proof.rows}
-    assert rows["off"].status == "FAIL"
+    assert rows["off"].status == "ERROR" and proof.exit_code() == 0  # an information row
     for mode in ("warn", "scoped", "strict"):
         ratio = seconds[mode] / seconds["warn"]
         assert f"x{ratio:.3f} vs warn" in rows[mode].detail and rows[mode].data["baseline"] == "warn"

@@ -52,13 +52,29 @@ def test_every_table_covers_every_battery_case_with_its_torch_range():
 
 
 def test_the_tables_differ_only_where_torch_changed():
-    """kthvalue raised on CUDA through 2.9 (pytorch#165762); bilinear runs on every release (finding 1)."""
+    """kthvalue raised on CUDA through 2.9 (pytorch#165762); bilinear runs on every release (finding 1);
+    F.max_pool3d(return_indices=True) decomposes on CUDA from 2.13."""
     outcomes = {release: {name: row["outcome"] for name, row in recorded(release)["ops"].items()}
                 for release in RELEASES}
-    assert outcomes["2.11"] == outcomes["2.14"]
-    assert {name for name in outcomes["2.9"] if outcomes["2.9"][name] != outcomes["2.14"][name]} == {"kthvalue"}
+    changed = {release: {name for name in outcomes[release] if outcomes[release][name] != outcomes["2.14"][name]}
+               for release in ("2.9", "2.11")}
+    assert changed == {"2.9": {"kthvalue", "max_pool3d return_indices"}, "2.11": {"max_pool3d return_indices"}}
     assert outcomes["2.9"]["kthvalue"] == "raises" and outcomes["2.14"]["kthvalue"] == "runs"
     assert all(outcomes[release]["interpolate bilinear"] == "runs" for release in RELEASES)
+
+
+def test_the_cuda_branches_of_the_cuda_prediction_are_cases_of_every_table():
+    """Where CUDA's branch differs from meta's (is_cuda in Python, cuDNN in C++) or a kernel varies without an
+    alert: replicate pad and max_pool3d with indices decompose, cuDNN takes grid_sample with align_corners and
+    eligible CTC, adaptive_max_pool3d with sizes that do not divide accumulates with atomics."""
+    for release in RELEASES:
+        ops = recorded(release)["ops"]
+        assert {name for name, row in ops.items() if row.get("silent")} == {
+            "grid_sample align_corners", "adaptive_max_pool3d output 3"}
+        assert [ops[name]["outcome"] for name in ("replication pad", "grid_sample align_corners", "max_pool3d",
+                                                  "ctc_loss cuDNN", "ctc_loss native")] == [
+            "runs", "runs", "raises", "runs", "raises"]
+        assert ops["max_pool3d return_indices"]["outcome"] == ("runs" if release == "2.14" else "raises")
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -75,12 +91,16 @@ def test_replayed_cuda_outcomes_agree_with_the_cpu_audit(tmp_path, release):
     assert rows["bincount with weights"].data["audit_device"].startswith("cpu (meta has no kernel: aten::bincount")
     assert "on cuda" in rows["adaptive_max_pool2d output 1"].detail
     assert rows["kthvalue"].data["table"] == recorded(release)["ops"]["kthvalue"]["outcome"]
+    for silent, op in (("adaptive_max_pool3d output 3", "adaptive_max_pool3d_backward (backward, silent)"),
+                       ("grid_sample align_corners", "cudnn_grid_sampler_backward (backward, silent)")):
+        assert rows[silent].data["predicted_ops"] == [op] and rows[silent].data["table_silent"]
+    assert rows["ctc_loss cuDNN"].data["predicted_ops"] == [] and rows["replication pad"].data["predicted_ops"] == []
     assert rows["index_add_ 10^6 -> 1 slot x20, off"].detail == "off: 7 distinct hash(es) in 20 runs"
     record = json.loads((tmp_path / "p.json").read_text())  # as a GPU run would have written it
     again = table_from_record(record)
     assert again["torch"] == release and again["control"] == recorded(release)["control"]
-    assert {name: row["outcome"] for name, row in again["ops"].items()} == {
-        name: row["outcome"] for name, row in recorded(release)["ops"].items()}
+    assert {name: (row["outcome"], row.get("silent")) for name, row in again["ops"].items()} == {
+        name: (row["outcome"], row.get("silent")) for name, row in recorded(release)["ops"].items()}
 
 
 @pytest.mark.parametrize("release, flipped", [("2.9", "kthvalue"), ("2.11", "interpolate bilinear")])

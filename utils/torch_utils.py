@@ -525,21 +525,24 @@ class DeterminismPolicy:
         ``strict``: findings that fail on the audited device (or ops torch itself flagged) raise a
         UserError naming op, phase, module and the ways out. ``scoped``: the backward is relaxed
         only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed, so
-        they stop the run here with a UserError as strict does, not at the first batch.
+        they stop the run here with a UserError as strict does, not at the first batch. Silent
+        findings (no alert, result varies) stop strict; scoped and warn report them, relaxing nothing.
         ``report`` is a ``utils.determinism.op_audit.AuditReport``.
         """
         failing = report.applicable()
-        backward = [f for f in failing if f.phase == "backward"]
-        forward = [f for f in failing if f.phase != "backward"]  # forward and step: nothing relaxes them
+        silent = [f for f in failing if f.silent]
+        backward = [f for f in failing if f.phase == "backward" and not f.silent]
+        forward = [f for f in failing if f.phase != "backward" and not f.silent]  # nothing relaxes them
         if self.mode == "strict" and failing:
             raise UserError(strict_failure_message(report.device, failing))
         if self.mode == "scoped" and forward:  # torch would raise at the first batch, with a traceback
             raise UserError(scoped_failure_message(report.device, forward))
         if self.mode == "scoped":
             self.relax_backward = bool(backward)
-        counted = backward if self.mode == "scoped" and self.relax_backward else failing if self.mode == "warn" else []
+        relaxed = backward if self.relax_backward else []
+        counted = relaxed + silent if self.mode == "scoped" else failing if self.mode == "warn" else []
         self.nondeterministic_ops = {op: sum(f.op == op for f in counted) for op in sorted({f.op for f in counted})}
-        summary = adoption_summary(self.mode, report, backward, forward, self.relax_backward)
+        summary = adoption_summary(self.mode, report, backward, forward, self.relax_backward, silent)
         self.audit_summary = summary
         self.audit = report.to_dict()
         return summary

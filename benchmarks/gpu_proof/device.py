@@ -6,10 +6,12 @@ the proof's branches for a GPU run before a GPU sees them (only :class:`LiveDevi
 calls, e.g. the peak-memory statistics, do not):
 
 - ``torch``: the torch release the outcomes are for (e.g. ``"2.11"``); the audit predicts with
-  the op table's rows for it, while the meta trace runs the installed torch's Python code;
+  the op table's rows for it, while the meta trace runs the installed torch's Python code (with
+  the branches a release predates switched off, ``utils/determinism/cuda_trace.py``);
 - ``ops``: per battery case, what the device does under ``use_deterministic_algorithms(True)``
   (``{"outcome": "raises" | "runs" | "unsupported", "message": PyTorch's first line,
-  "holds_for": the torch releases this outcome holds for and why}``);
+  "holds_for": the torch releases this outcome holds for and why}``, and ``"silent": true`` where
+  the op runs without an alert but is expected to vary);
 - ``control``: the number of distinct ``index_add_`` hashes under ``strict`` and ``off``;
 - ``log_lines``: lines a run on that device logs and a CPU run does not (e.g. the AMP check),
   added to each training run's log;
@@ -186,13 +188,15 @@ class ReplayDevice(LiveDevice):
 def table_from_record(record: dict) -> dict:
     """A replay table from a GPU proof's ``proof.json``: the device's own outcomes, no faults.
 
-    Each ops row gives its battery case's ``actual`` and ``torch_message``; each control row its
-    number of distinct hashes; the AMP line is added when the record's AMP rows passed.
+    Each ops row gives its battery case's ``actual`` and ``torch_message`` (and keeps the expected
+    ``silent``, which a strict run cannot measure); each control row its number of distinct hashes;
+    the AMP line is added when the record's AMP rows passed.
     """
     rows = record["rows"]
     version = record.get("proved_torch") or record["environment"]["torch"]
     ops = {row["name"]: {"outcome": row["data"]["actual"], "message": row["data"].get("torch_message", ""),
-                         "holds_for": f"measured with torch {version}"}
+                         "holds_for": f"measured with torch {version}",
+                         **({"silent": True} if row["data"].get("table_silent") else {})}
            for row in rows if row["section"] == "ops" and "actual" in row["data"]}
     control = {row["name"].rsplit(" ", 1)[1]: len(row["data"]["hashes"])
                for row in rows if row["section"] == "control" and "hashes" in row["data"]}

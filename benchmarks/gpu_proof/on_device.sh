@@ -5,7 +5,9 @@
 #
 # Writes OUT_DIR/proof.json (the record), OUT_DIR/proof.log (everything printed) and OUT_DIR/work/
 # (data, run folders and train.py logs), and exits with the proof's code: 0 every claim passed,
-# 1 a claim failed, 3 incomplete, 2 a bad argument or a machine the preflight refuses.
+# 1 a claim failed, 3 incomplete (no claim failed, but one could not be decided: an ERROR row, where
+# the check itself raised, e.g. out of memory or a missing module, or the time budget ran out),
+# 2 a bad argument or a machine the preflight refuses.
 # The proof imports nothing beyond torch, torchvision, numpy, opencv, pyyaml, pandas, matplotlib and
 # tqdm (it runs without ultralytics-thop, pycocotools, openvino and mlflow), so no wheels travel with it.
 set -euo pipefail

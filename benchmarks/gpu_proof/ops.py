@@ -2,10 +2,12 @@
 
 Battery: each case wraps one op in a tiny module (``op(x * scale)``, so the backward reaches a
 parameter). The audit, run on the CPU, predicts whether the op fails under strict determinism on
-the target device (for CUDA from its meta trace, which takes CUDA's Python branches, with the op
-table's rows for the target's torch release); the target device then runs a forward and backward under
+the target device (for CUDA from its meta trace, which takes CUDA's Python and cuDNN branches, with
+the op table's rows for the target's torch release); the target device then runs a forward and backward under
 ``torch.use_deterministic_algorithms(True)`` and either raises PyTorch's "does not have a
-deterministic implementation" error or not. A row passes when prediction and device agree.
+deterministic implementation" error or not. A row passes when prediction and device agree. Ops the
+audit finds silently nondeterministic (no alert: the device runs them) are named in the row; the
+strict run cannot show their variation.
 
 Control: ``index_add_`` of 10^6 values into one slot, repeated; without determinism a CUDA GPU
 accumulates with atomics in a varying order (several hashes), under strict it must give one.
@@ -49,10 +51,28 @@ def _cycle(n: int, k: int, like: torch.Tensor) -> torch.Tensor:
     return torch.arange(n, device=like.device) % k
 
 
-def _grid(y: torch.Tensor) -> torch.Tensor:
+def _grid(y: torch.Tensor, align_corners: bool = False) -> torch.Tensor:
     """A slightly rotated sampling grid ``(B, H, W, 2)`` for ``grid_sample``."""
     theta = torch.tensor([[0.9, 0.1, 0.05], [-0.1, 0.9, 0.0]], device=y.device, dtype=y.dtype)
-    return F.affine_grid(theta.expand(y.shape[0], 2, 3), list(y.shape), align_corners=False)
+    return F.affine_grid(theta.expand(y.shape[0], 2, 3), list(y.shape), align_corners=align_corners)
+
+
+def _volume(y: torch.Tensor) -> torch.Tensor:
+    """``(B, C, 4, H, W)``: four differently scaled copies of ``y`` as depth slices, for the 3-D ops."""
+    return y[:, :, None] * torch.linspace(1, 2, 4, device=y.device, dtype=y.dtype).view(1, 1, 4, 1, 1)
+
+
+def _ctc(y: torch.Tensor, cudnn_eligible: bool) -> torch.Tensor:
+    """CTC loss over ``y``'s pixels as time steps (T = H*W, N = B, C classes, blank 0), two targets.
+
+    cuDNN takes it on CUDA with int32 targets on the CPU and every input as long as T; int64
+    targets on the device send it to aten's own kernel.
+    """
+    log_probs = F.log_softmax(y.flatten(2).permute(2, 0, 1), 2)
+    targets = torch.tensor([1, 2, 3, 1, 2], dtype=torch.int32)
+    targets = targets if cudnn_eligible else targets.to(y.device, torch.long)
+    steps = log_probs.shape[0]
+    return F.ctc_loss(log_probs, targets, [steps, steps], [3, 2])  # BATCH is 2
 
 
 def _nll(y: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -81,6 +101,13 @@ CASES = {
     "replication pad": lambda y: F.pad(y, (2, 2, 2, 2), mode="replicate"),
     "max_pool2d channels-last": lambda y: F.max_pool2d(y.contiguous(memory_format=torch.channels_last), 2),
     "grid_sample": lambda y: F.grid_sample(y, _grid(y), align_corners=False),
+    "grid_sample align_corners": lambda y: F.grid_sample(y, _grid(y, True), align_corners=True),
+    "max_pool3d": lambda y: F.max_pool3d(_volume(y), 2),
+    "max_pool3d return_indices": lambda y: F.max_pool3d(_volume(y), 2, return_indices=True)[0],
+    "adaptive_max_pool3d output 2": lambda y: F.adaptive_max_pool3d(_volume(y), 2),
+    "adaptive_max_pool3d output 3": lambda y: F.adaptive_max_pool3d(_volume(y), 3),
+    "ctc_loss cuDNN": lambda y: _ctc(y, cudnn_eligible=True),
+    "ctc_loss native": lambda y: _ctc(y, cudnn_eligible=False),
     "nll_loss2d mean": lambda y: _nll(y, "mean"),
     "nll_loss2d none": lambda y: _nll(y, "none"),
     "histc float": lambda y: (y.mean(), torch.histc(y.detach(), bins=8, min=0, max=1)),
@@ -135,6 +162,8 @@ def predicted_failures(op: Callable, device_type: str, torch_version: str = torc
 
     ``torch_version``: the release of the device's torch (the op table's rows for it). Where the
     CPU has no kernel for the op (e.g. ``histc`` on integers) the audit runs on ``meta`` alone.
+    Ops that run without an alert but not deterministically are listed as ``'op (phase, silent)'``
+    and do not count as raising.
     """
     try:
         report = run_audit(SingleOp(op), SIZE, "cpu", BATCH, CHANNELS, torch_version)
@@ -142,7 +171,8 @@ def predicted_failures(op: Callable, device_type: str, torch_version: str = torc
         report = run_audit(SingleOp(op).to("meta"), SIZE, "meta", BATCH, CHANNELS, torch_version)
     failing = [f for f in report.findings if device_type in f.devices]
     where = report.cuda_trace if device_type == "cuda" else report.device
-    return bool(failing), sorted({f"{f.op} ({f.phase})" for f in failing}), where
+    listed = {f"{f.op} ({f.phase}{', silent' if f.silent else ''})" for f in failing}
+    return any(not f.silent for f in failing), sorted(listed), where
 
 
 def battery_case(name: str, device: torch.device, outcome: Callable | None = None,
@@ -161,7 +191,8 @@ def battery_case(name: str, device: torch.device, outcome: Callable | None = Non
     said = f"audit ({where}): {'raises' if predicted else 'runs'} on {device.type}"
     table = expected["outcome"] if expected else "NO DATA"
     data = {"predicted_raises": predicted, "predicted_ops": ops, "audit_device": where,
-            "actual": actual, "torch_message": message, "table": table}
+            "actual": actual, "torch_message": message, "table": table,
+            "table_silent": bool(expected and expected.get("silent"))}
     detail = f"{said}{' ' + ', '.join(ops) if ops else ''}; {device.type} strict: {actual}; table: {table}"
     if predicted != (actual == "raises"):
         detail = f"MISMATCH {detail}{': ' + message if message else ''}"

@@ -5,7 +5,7 @@
 
 The quick plan is the CPU check: the full plan is sized for a GPU and refuses --device cpu.
 
-Sections (each row PASS, FAIL, INCOMPLETE, SKIP or INFO; the table is printed and written to ``--out``):
+Sections (each row PASS, FAIL, ERROR, INCOMPLETE, SKIP or INFO; the table is printed and written to ``--out``):
 
 1. ops: for each op of the battery, the CPU audit's prediction (its meta trace, with the op table
    for the device's torch) against what the device does under
@@ -24,9 +24,11 @@ Sections (each row PASS, FAIL, INCOMPLETE, SKIP or INFO; the table is printed an
 5. timing: time per training step and images/s of each mode (off, warn, scoped, strict);
    information rows with their own budget after the claims'.
 
-Exit code: 0 every claim row passed (or does not apply here), 1 a claim row FAILs, 3 incomplete (a
-claim skipped for the budget or a run still going at the deadline; the reason is printed), 2 bad
-arguments. Information rows never change it. ``--workdir`` (default ``runs/gpu_proof``, kept)
+Exit code: 0 every claim row passed (or does not apply here); 1 a claim row FAILs (the claim is
+false, whatever else happened); 3 incomplete, no FAIL but a claim undecided: an ERROR row (the
+check raised: out of memory, a missing module, a training run that crashed; its reason is the
+row's detail), a claim skipped for the budget or a run still going at the deadline (the last line
+names each undecided row and why); 2 bad arguments. Information rows never change it. ``--workdir`` (default ``runs/gpu_proof``, kept)
 gets a new subfolder per run, so rerunning with the same one is safe; its path is printed.
 
 ``--replay TABLE --quick`` runs the same code on a CPU against a table of a device's outcomes
@@ -401,7 +403,8 @@ def start_lines(layer: LiveDevice, ready: str, work: Path) -> list:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    """Run the proof, print the table, write ``--out``; 0 every claim passed, 1 a claim FAILs, 3 incomplete."""
+    """Run the proof, print the table, write ``--out``; 0 every claim passed, 1 a claim FAILs, 3 incomplete
+    (a claim row ERROR or INCOMPLETE, none FAILs)."""
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
     budget = args.budget or plan.budget_s

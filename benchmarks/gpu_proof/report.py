@@ -1,13 +1,17 @@
 """The GPU proof's record: one row per check, two time budgets, a printed table and an atomic JSON file.
 
-Every check runs through :meth:`Proof.check`, which turns any exception into a FAIL row with a
-one-line reason, so one broken check never stops the others. A row is a claim (PASS or FAIL
-decides the verdict) or information (timings); each kind has its own budget, and information
-rows start only after the claims' budget, so cutting them never touches a claim. A claim that
-could not be decided in time (skipped for the budget, or a run still going at the deadline) is
-INCOMPLETE. :meth:`Proof.exit_code`: 0 every claim decided and none FAILs, 1 a claim FAILs, 3
-incomplete. The JSON file is rewritten atomically after every row (a run cut short still leaves
-a readable record) and once at the end.
+Every check runs through :meth:`Proof.check`, which turns any exception into an ERROR row with a
+one-line reason, so one broken check never stops the others: an exception (out of memory, a
+missing module, a training run that crashed) says the check could not be carried out, not that
+the claim is false. A row is a claim (PASS or FAIL decides the verdict) or information (timings);
+each kind has its own budget, and information rows start only after the claims' budget, so
+cutting them never touches a claim. A claim that could not be decided (an ERROR, skipped for the
+budget, or a run still going at the deadline) leaves the proof incomplete.
+
+Exit codes (:meth:`Proof.exit_code`): 0 every claim decided and none FAILs; 1 a claim FAILs
+(whatever else happened); 3 incomplete: no claim FAILs, but a claim row is ERROR or INCOMPLETE,
+or the proof did not finish. Information rows never change it. The JSON file is rewritten
+atomically after every row (a run cut short still leaves a readable record) and once at the end.
 """
 
 import json
@@ -18,11 +22,12 @@ from typing import Callable
 
 from utils.files import atomic_write_bytes
 
-STATUSES = ("PASS", "FAIL", "INCOMPLETE", "SKIP", "INFO")
+STATUSES = ("PASS", "FAIL", "ERROR", "INCOMPLETE", "SKIP", "INFO")
 # What a row says, finer than its status: a FAIL is a MISMATCH (audit and device disagree) or a
-# plain FAIL; an INCOMPLETE is a TIMEOUT (a run killed at the proof's deadline) or a claim skipped
-# for the budget; a SKIP is an information row skipped for its budget or a row that does not apply.
-KINDS = ("PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "SKIP", "INFO")
+# plain FAIL; an ERROR is a check that raised (its reason in the detail); an INCOMPLETE is a
+# TIMEOUT (a run killed at the proof's deadline) or a claim skipped for the budget; a SKIP is an
+# information row skipped for its budget or a row that does not apply.
+KINDS = ("PASS", "FAIL", "MISMATCH", "ERROR", "TIMEOUT", "SKIP budget", "SKIP", "INFO")
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPLETE = 0, 1, 3
 BUDGET_SKIP = "time budget"
 NAME_WIDTH = 56
@@ -108,12 +113,12 @@ class Proof:
             return func()
         except DeadlineExceeded as e:
             return Verdict("INCOMPLETE" if claim else "SKIP", one_line(e), {"timeout": True})
-        except Exception as e:  # one failing check must not stop the proof
-            return Verdict("FAIL", one_line(e))
+        except Exception as e:  # the check could not run: neither a pass nor a fail, and the others go on
+            return Verdict("ERROR", one_line(e), {"error": type(e).__name__})
 
     def check(self, section: str, name: str, func: Callable[[], Verdict], claim: bool = True,
               needs_s: float = 0.0) -> Row:
-        """Run ``func`` unless less than ``needs_s`` of its budget is left; any exception becomes a FAIL row."""
+        """Run ``func`` unless less than ``needs_s`` of its budget is left; any exception becomes an ERROR row."""
         t0 = time.monotonic()
         result = self._run(func, claim, needs_s)
         row = Row(section, name, result.status, result.detail, round(time.monotonic() - t0, 3), result.data, claim)
@@ -127,15 +132,16 @@ class Proof:
         return {status: sum(r.status == status for r in self.rows) for status in STATUSES}
 
     def undecided(self) -> list:
-        """Claim rows without a verdict: skipped for the budget, or a run still going at the deadline."""
-        return [r for r in self.rows if r.claim and r.status == "INCOMPLETE"]
+        """Claim rows without a verdict: errored, skipped for the budget, or a run still going at the deadline."""
+        return [r for r in self.rows if r.claim and r.status in ("ERROR", "INCOMPLETE")]
 
     def info_cut(self) -> list:
         """Information rows skipped for their budget (never part of the verdict)."""
         return [r for r in self.rows if not r.claim and row_kind(r) in ("SKIP budget", "TIMEOUT")]
 
     def exit_code(self, finished: bool = True) -> int:
-        """1 when a claim FAILs; else 3 when a claim is undecided or the proof did not finish; else 0."""
+        """1 when a claim FAILs; else 3 when a claim is undecided (ERROR, INCOMPLETE) or the proof did not
+        finish; else 0."""
         if any(r.claim and r.status == "FAIL" for r in self.rows):
             return EXIT_FAIL
         return EXIT_INCOMPLETE if self.undecided() or not finished else EXIT_PASS
@@ -156,18 +162,21 @@ class Proof:
             return f"FAIL (exit 1): {sum(r.claim and r.status == 'FAIL' for r in self.rows)} claim row(s) failed"
         note = f"; {len(self.info_cut())} information row(s) cut by their budget" if self.info_cut() else ""
         if code == EXIT_INCOMPLETE:
+            errors = sum(r.status == "ERROR" for r in self.undecided())
+            counted = f"{errors} claim row(s) errored: " if errors else ""
             reasons = "; ".join(f"{r.section}/{r.name}: {r.detail}" for r in self.undecided())
-            return f"INCOMPLETE (exit 3), no verdict: {reasons}{note}"
+            return f"INCOMPLETE (exit 3), no verdict: {counted}{reasons}{note}"
         return f"PASS (exit 0): every claim row passed or does not apply here{note}"
 
     def table(self) -> str:
         """The final table: every row, then the counts."""
         lines = [f"{'status':<11}{'section':<10}{'check':<{NAME_WIDTH}} detail"]
         lines += [format_row(r) for r in self.rows]
-        failed = [r for r in self.rows if r.status == "FAIL"]
-        if failed:
-            lines.append(f"\n{len(failed)} FAIL row(s):")
-            lines += [f"  {r.section}/{r.name}: {r.detail}" for r in failed]
+        for status in ("FAIL", "ERROR"):
+            listed = [r for r in self.rows if r.status == status]
+            if listed:
+                lines.append(f"\n{len(listed)} {status} row(s):")
+                lines += [f"  {r.section}/{r.name}: {r.detail}" for r in listed]
         lines.append(", ".join(f"{n} {status}" for status, n in self.counts().items())
                      + f" in {self.elapsed():.0f} s (budgets: claims {self.budget_s:.0f} s, "
                        f"information {self.info_budget_s:.0f} s)")

@@ -29,10 +29,11 @@ from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
 
 CACHE_ENV = "FFCA_AUDIT_CACHE"
-CACHE_FORMAT = 1  # bump when the key's fields or the file layout change
+CACHE_FORMAT = 2  # bump when the key's fields or the file layout change (2: findings say whether silent)
 _UTILS = Path(__file__).resolve().parents[1]
 # What the audited step runs besides the model: the audit, the loss (and its IoU), optimizer and EMA.
-AUDIT_SOURCES = (_UTILS / "determinism" / "op_audit.py", _UTILS / "loss.py", _UTILS / "metrics.py",
+AUDIT_SOURCES = (_UTILS / "determinism" / "op_audit.py", _UTILS / "determinism" / "op_table.py",
+                 _UTILS / "determinism" / "cuda_trace.py", _UTILS / "loss.py", _UTILS / "metrics.py",
                  _UTILS / "torch_utils.py")
 _STATISTICS = ("running_mean", "running_var", "num_batches_tracked")  # BatchNorm state: values, not structure
 

@@ -32,12 +32,12 @@ def _ways_out(first: str) -> str:
             "deterministic one; see docs/determinism.md")
 
 
-def adoption_summary(mode: str, report, backward: list, forward: list, relax: bool) -> str:
-    """The line train.py logs after adopting an audit."""
+def adoption_summary(mode: str, report, backward: list, forward: list, relax: bool, silent: tuple = ()) -> str:
+    """The line train.py logs after adopting an audit (``silent``: findings on this device without an alert)."""
     where = report.device
     if not report.findings:
         return f"determinism audit ({mode}): clean on {where}; full determinism kept"
-    elsewhere = [f for f in report.findings if f not in backward and f not in forward]
+    elsewhere = [f for f in report.findings if f not in backward and f not in forward and f not in silent]
     parts = [f"determinism audit ({mode}) on {where}:"]
     if backward:
         verb = "backward relaxed because of" if relax else "non-deterministic backward ops:"
@@ -45,9 +45,12 @@ def adoption_summary(mode: str, report, backward: list, forward: list, relax: bo
     if forward:
         parts.append(f"forward/step ops the backward scope cannot fix (use --deterministic warn or replace the "
                      f"module): {', '.join(finding_text(f) for f in forward)}.")
+    if silent:
+        parts.append(f"not deterministic on {where} without torch raising (nothing relaxes them): "
+                     f"{', '.join(finding_text(f) for f in silent)}.")
     if elsewhere:
         parts.append(f"would fail on {'/'.join(sorted({d for f in elsewhere for d in f.devices}))} only: "
                      f"{', '.join(finding_text(f) for f in elsewhere)}.")
-    if not backward and not forward:
+    if not backward and not forward and not silent:
         parts.append("nothing to relax here; full determinism kept.")
     return " ".join(parts)

@@ -7,9 +7,11 @@ the ops PyTorch throws for under ``torch.use_deterministic_algorithms(True)``. E
 its op, its phase, the devices where it throws and the innermost module (or ``loss``,
 ``optimizer``, ``ema``) that issued it.
 
-A CPU audit predicts CUDA too, from a second trace on the ``meta`` device: PyTorch's Python code
-branches on ``input.is_cpu`` (``F.interpolate`` decomposes bilinear and trilinear on non-CPU
-inputs under determinism), and ``meta`` takes CUDA's branch. The meta trace replaces the loss by
+A CPU audit predicts CUDA too, from a second trace on the ``meta`` device that takes CUDA's
+branches (``utils/determinism/cuda_trace.py``): torch's Python code branches on ``input.is_cpu``
+and ``input.is_cuda`` (``F.interpolate``, ``F.pad(mode="replicate")`` and ``F.max_pool3d`` decompose
+on CUDA under determinism), and its C++ hands some calls to cuDNN (``grid_sample``, ``ctc_loss``).
+Some CUDA kernels are nondeterministic without an alert (``Finding.silent``). The meta trace replaces the loss by
 the sum of the outputs (a detection loss needs values), so the loss's own ops are predicted from
 the CPU trace; where meta has no kernel for an op of the model, the whole CUDA prediction comes
 from the CPU trace, and the report and each CUDA finding say so (:attr:`AuditReport.cuda_trace`).
@@ -30,6 +32,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from utils.determinism.cuda_trace import as_cuda_branch, cuda_branch_trace
 from utils.determinism.op_table import match_nondeterministic
 from utils.logging import LOGGER
 from utils.loss import ComputeLoss
@@ -56,11 +59,12 @@ class Finding:
     module: str  # e.g. "model.24.max_pool (AdaptiveMaxPool2d)", "loss", "optimizer", "ema"
     devices: tuple
     reason: str = ""
+    silent: bool = False  # runs without torch's alert on those devices, but not deterministically
 
     def to_dict(self) -> dict:
         """Plain data."""
         return {"op": self.op, "phase": self.phase, "module": self.module,
-                "devices": list(self.devices), "reason": self.reason}
+                "devices": list(self.devices), "reason": self.reason, "silent": self.silent}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Finding":
@@ -68,9 +72,10 @@ class Finding:
         text = {name: data[name] for name in ("op", "phase", "module", "reason")}
         devices = data["devices"]
         strings = isinstance(devices, list) and all(isinstance(v, str) for v in (*text.values(), *devices))
-        if not strings or text["phase"] not in PHASES:
+        silent = data["silent"]
+        if not strings or text["phase"] not in PHASES or not isinstance(silent, bool):
             raise ValueError(f"malformed finding {data!r}")
-        return cls(devices=tuple(devices), **text)
+        return cls(devices=tuple(devices), silent=silent, **text)
 
 
 def _same_op(flagged: str, table_op: str) -> bool:
@@ -121,8 +126,8 @@ class AuditReport:
             module_width = max(len("module"), *(len(f.module) for f in self.findings)) + 2
             lines.append(f"  {'op':<{op_width}}{'phase':<10}{'fails on':<10}{'module':<{module_width}}source")
             for f in self.findings:
-                lines.append(f"  {f.op:<{op_width}}{f.phase:<10}{'/'.join(f.devices):<10}"
-                             f"{f.module:<{module_width}}{f.reason}")
+                where = "/".join(f.devices) + (" silent" if f.silent else "")
+                lines.append(f"  {f.op:<{op_width}}{f.phase:<10}{where:<10}{f.module:<{module_width}}{f.reason}")
         for flag in self.torch_flagged:
             lines.append(f"  torch itself flagged on {self.device} in {flag['phase']}: {flag['message']}")
         if self.clean:
@@ -131,7 +136,8 @@ class AuditReport:
         else:
             lines.append(f"Result: {len(self.findings)} op(s) without a deterministic implementation. Under "
                          "--deterministic strict these ops stop training on the devices listed; scoped "
-                         "relaxes backward ops only; warn reports them. See docs/determinism.md")
+                         "relaxes backward ops only; warn reports them. 'silent': torch raises nothing "
+                         "there and the result varies. See docs/determinism.md")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -283,7 +289,7 @@ def _make_recorder(tracker: _ModuleTracker, version: str):
                     self.op_counts[self.phase] += 1
                     if row is not None:
                         finding = Finding(func.overloadpacket.__name__, self.phase, self._module(),
-                                          row.devices, row.reason)
+                                          row.devices, row.reason, row.silent)
                         self.findings.setdefault((finding.op, finding.phase, finding.module), finding)
             return func(*args, **kwargs)
 
@@ -437,11 +443,12 @@ def _run_step(student: nn.Module, images: torch.Tensor, loss_factory: LossFactor
 
 
 def _meta_findings(model: nn.Module, images: torch.Tensor, version: str) -> tuple:
-    """``(findings, '')`` of the step traced on ``meta`` (CUDA's Python branches), or ``(None, why not)``."""
+    """``(findings, '')`` of the step traced on ``meta`` with CUDA's branches, or ``(None, why not)``."""
     student = _training_copy(model).to("meta")
     meta_images = torch.empty(images.shape, device="meta").contiguous(memory_format=torch.channels_last)
     try:
-        return _run_step(student, meta_images, sum_of_outputs, False, version)[0], ""
+        with cuda_branch_trace(version):
+            return _run_step(student, as_cuda_branch(meta_images), sum_of_outputs, False, version)[0], ""
     except (NotImplementedError, RuntimeError) as e:  # an op without a meta kernel, or one that needs values
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         op = re.search(r"aten::\w+", first)
@@ -494,7 +501,9 @@ def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int
     generator = torch.Generator().manual_seed(0)  # the input must not draw from the global stream
     images = torch.rand((batch_size, ch or input_channels(student), imgsz, imgsz), generator=generator)
     images = images.to(device).contiguous(memory_format=torch.channels_last)
-    with preserved_rng_state(device):  # training-mode forwards (DropPath) draw from the global streams
+    on_meta = device.type == "meta"  # a meta audit stands in for CUDA: it takes CUDA's branches
+    with preserved_rng_state(device), cuda_branch_trace(torch_version) if on_meta else contextlib.nullcontext():
+        images = as_cuda_branch(images) if on_meta else images
         found, flags, counts = _run_step(student, images, loss_factory or sum_of_outputs, amp, torch_version)
         findings, cuda_trace = list(found.values()), str(device)
         if device.type == "cpu":

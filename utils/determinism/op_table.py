@@ -9,7 +9,8 @@ Sources per release (:data:`VERIFIED_TORCH`): the docstring of ``torch.use_deter
 CUDA build, the ``alertNotDeterministic`` strings in ``torch/lib/libtorch_cuda.so``. What a
 Python branch decides (e.g. ``F.interpolate``'s decomposition of bilinear and trilinear on
 non-CPU tensors under determinism, since torch 2.5) is not a row: the audit sees it by tracing
-on a non-CPU device (``utils/determinism/op_audit.py``).
+with CUDA's branches (``utils/determinism/cuda_trace.py``). :data:`SILENT_OPS` are CUDA kernels
+that are not deterministic and raise nothing: torch has no alert for them, the audit does.
 """
 
 import re
@@ -71,7 +72,8 @@ class NondeterministicOp:
     (backward kernels for "when attempting to differentiate"); ``devices`` where it throws;
     ``applies(overload, arguments)`` narrows argument-dependent rows (None: always).
     ``kernel`` is set only for rows torch raises for but does not document: the ATen kernel
-    whose ``alertNotDeterministic`` call is the source. ``since`` / ``until`` bound the torch
+    whose ``alertNotDeterministic`` call is the source; for a ``silent`` row (no alert: the op
+    runs under determinism and its result varies) the kernel and why. ``since`` / ``until`` bound the torch
     releases the row holds for (``until`` is the first release where it no longer does; empty:
     no bound), ``change`` names what moved the bound.
     """
@@ -85,11 +87,14 @@ class NondeterministicOp:
     since: str = ""
     until: str = ""
     change: str = ""
+    silent: bool = False
 
     @property
     def reason(self) -> str:
         """Human-readable source of the row, e.g. ``torch.Tensor.put_ with accumulate=False``."""
         text = " / ".join(self.doc_names) + (f" with {self.condition}" if self.condition else "")
+        if self.silent:
+            return f"{text} (silent: no alert; {self.kernel})"
         return text + (f" (undocumented; raised by {self.kernel})" if self.kernel else "")
 
     @property
@@ -170,9 +175,45 @@ UNDOCUMENTED_OPS = (
                        "mode='bicubic', antialias=True", kernel="upsample_bicubic2d_aa_backward_out_cuda"),
     NondeterministicOp(("torch.Tensor.index_reduce_",), ("index_reduce", "index_reduce_"), CUDA_ONLY,
                        kernel="index_reduce_func_cuda_impl (alert 'index_reduce_cuda')"),
+    # torch documents ReplicationPad as deterministic on CUDA: F.pad decomposes mode='replicate' on
+    # CUDA under determinism; the native backward kernels still alert.
+    NondeterministicOp(("torch.nn.functional.pad",),
+                       ("replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward"),
+                       CUDA_ONLY, "the native replicate kernel (F.pad decomposes it on CUDA under determinism)",
+                       kernel="replication_pad{1,2,3}d_backward_cuda"),
+    # Since 2.13 the documentation lists MaxPool3d as deterministic on CUDA: functional.py decomposes
+    # max_pool3d_with_indices (return_indices=True) on CUDA; _max_pool3d (return_indices=False, what
+    # nn.MaxPool3d calls by default) still reaches the kernel, which alerts.
+    NondeterministicOp(("torch.nn.MaxPool3d",), ("max_pool3d_with_indices_backward",), CUDA_ONLY,
+                       "the native kernel (F.max_pool3d decomposes only with return_indices=True)",
+                       kernel="max_pool3d_with_indices_backward_out_cuda", since="2.13",
+                       change="documented as raising through 2.11"),
 )
 
-NONDETERMINISTIC_OPS = DOCUMENTED_OPS + UNDOCUMENTED_OPS
+
+def _pool_sizes_do_not_divide(overload: str, arguments: dict) -> bool:
+    """Condition: an adaptive 3-D pool whose input sizes are not multiples of its output sizes."""
+    grad, source = arguments.get("grad_output"), arguments.get("self")
+    if not (isinstance(grad, torch.Tensor) and isinstance(source, torch.Tensor)):
+        return True
+    return any(i % o for i, o in zip(source.shape[-3:], grad.shape[-3:]) if o)
+
+
+# Kernels that are not deterministic on CUDA and that torch does not alert for: they run under
+# use_deterministic_algorithms(True) and their result varies (found by reading the kernels and
+# cuDNN's documentation, not measured).
+SILENT_OPS = (
+    NondeterministicOp(("torch.nn.AdaptiveMaxPool3d",), ("adaptive_max_pool3d_backward",), CUDA_ONLY,
+                       "input sizes that are not multiples of the output sizes", _pool_sizes_do_not_divide,
+                       kernel="adaptive_max_pool3d_backward_out_cuda accumulates with atomicAdd when the "
+                              "sizes do not divide", silent=True),
+    NondeterministicOp(("torch.nn.functional.grid_sample",), ("cudnn_grid_sampler_backward",), CUDA_ONLY,
+                       "4-D bilinear, zeros padding, align_corners=True (cuDNN's sampler)",
+                       kernel="cuDNN documents cudnnSpatialTfSamplerBackward as not reproducible (atomics)",
+                       silent=True),
+)
+
+NONDETERMINISTIC_OPS = DOCUMENTED_OPS + UNDOCUMENTED_OPS + SILENT_OPS
 
 # Documented entries the audit deliberately does not check: (reason, the releases whose docstring lists them).
 EXEMPT_DOC_NAMES = {
