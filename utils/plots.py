@@ -11,8 +11,6 @@ import cv2
 import matplotlib
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 from utils.errors import UserError
@@ -112,6 +110,11 @@ class Annotator:
 
 
 def _new_figure(figsize):
+    # imported here: matplotlib's figure machinery is a fifth of train.py's start-up, and most runs
+    # (every DDP rank but one, every --noplots run) draw no figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize, tight_layout=True)
     FigureCanvasAgg(fig)
     return fig
