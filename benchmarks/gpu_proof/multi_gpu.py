@@ -332,17 +332,12 @@ def main(argv=None) -> int:
                            plan.batch_size, plan.workers, threads=1 if args.device == "cpu" else None,
                            extra=["--seed", "3"])
     runs = MultiRuns(settings, plan.cfg, args.nproc, args.device, time.monotonic() + budget)
-    finished_all = False
-    try:
+
+    def rows():
         with ThreadPoolExecutor(jobs) as pool:
             check_rows(proof, start_runs(pool, runs, plan.micro_batch), args.nproc, plan.micro_batch)
-        finished_all = True
-    finally:
-        proof.write(complete=finished_all)
-    print("\n" + proof.table())
-    print(f"Record: {Path(args.out).resolve()}\nRuns and logs: {work}")
-    print(proof.verdict_line())
-    return proof.exit_code(finished_all)
+
+    return proof.conclude(rows, work)
 
 
 if __name__ == "__main__":

@@ -421,16 +421,7 @@ def main(argv=None) -> int:
                    "replay": args.replay, "proved_torch": layer.torch_version, "table": layer.table_name(),
                    "preflight": ready, "workdir": str(work), "cublas_found": CUBLAS_FOUND,
                    "environment": environment_report()}, clock=layer.clock, info_budget_s=plan.info_budget_s)
-    finished = False
-    try:
-        prove(proof, plan, layer, work, sizes)
-        finished = True
-    finally:
-        proof.write(complete=finished)
-    print("\n" + proof.table())
-    print(f"Record: {Path(args.out).resolve()}\nRuns and logs: {work}")
-    print(proof.verdict_line())
-    return proof.exit_code(finished)
+    return proof.conclude(lambda: prove(proof, plan, layer, work, sizes), work)
 
 
 if __name__ == "__main__":

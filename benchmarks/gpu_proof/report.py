@@ -155,6 +155,20 @@ class Proof:
                   "counts": self.counts(), "rows": [asdict(r) for r in self.rows]}
         atomic_write_bytes(self.out, (json.dumps(record, indent=1, default=str) + "\n").encode())
 
+    def conclude(self, rows, work) -> int:
+        """Run ``rows()`` (the checks), write the record (complete only when it returned), print the table, where
+        the record and runs are, and the verdict line; returns the exit code."""
+        finished = False
+        try:
+            rows()
+            finished = True
+        finally:
+            self.write(complete=finished)
+        print("\n" + self.table())
+        print(f"Record: {self.out.resolve()}\nRuns and logs: {work}")
+        print(self.verdict_line())
+        return self.exit_code(finished)
+
     def verdict_line(self) -> str:
         """The last line printed: the exit code and, when incomplete, why."""
         code = self.exit_code()
