@@ -241,6 +241,7 @@ class TrainLoop:
         if self.opt.quad:
             loss *= 4.0
         if any_rank_nonfinite(loss, self.dist):
+            self.buffers.restore()  # the forward pass moved BatchNorm's running statistics
             return self.nonfinite_batch(loss_items, epoch, i)
         self.backward(loss)
         self.step_when_due(ni, accumulate)
@@ -251,8 +252,7 @@ class TrainLoop:
         the same bits whatever the number of processes."""
         ni = i + nb * epoch
         accumulate = self.accumulation(ni, epoch)
-        self.buffers.take()
-        held = [p.grad for p in self.micro.params]
+        held = [p.grad for p in self.micro.params]  # BatchNorm's buffers: put back after each micro-batch
         leaves, items, stats = self.micro.local_gradients(
             micro, lambda imgs, targets: self.forward_loss(imgs, targets, epoch, i), ni, self.backward)
         for p, grad in zip(self.micro.params, held):
@@ -290,9 +290,8 @@ class TrainLoop:
             self.progress.last_opt_step = ni
 
     def nonfinite_batch(self, loss_items, epoch: int, i: int) -> None:
-        """A non-finite loss on some rank: put the model back as it was before the batch, then skip the
-        batch (``--nan-policy skip``) or save the state before it as last.pt and stop."""
-        self.buffers.restore()
+        """A non-finite loss on some rank, the model as it was before the batch: skip the batch
+        (``--nan-policy skip``) or save the state before it as last.pt and stop."""
         skipping = self.opt.nan_policy == "skip"
         message = nonfinite_message(epoch, i, loss_items, self.amp, skipping)
         if skipping:
