@@ -25,6 +25,7 @@ from utils.files import yaml_load  # noqa: E402
 from utils.options import OneLineErrorParser  # noqa: E402
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
+from utils.version import add_version_flag  # noqa: E402
 
 DEFAULT_HYP = ROOT / "data" / "hyps" / "hyp.scratch-low.yaml"
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_ARGUMENTS, EXIT_AUDIT_FAILED = 0, 1, 2, 3
@@ -39,6 +40,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
     parser.add_argument("--imgsz", type=int, default=256, help="square input size in pixels")
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
     parser.add_argument("--batch-size", type=int, default=2, help="audit batch size (at least 2)")
+    add_version_flag(parser)
     opt = parser.parse_args(argv)
     if not opt.cfg:
         raise UserError("--cfg is required: the model YAML to audit, e.g. --cfg models/ffca-yolo.yaml")

@@ -22,6 +22,7 @@ from models.yolo import Model  # noqa: E402
 from utils.foreign_checkpoint import convert  # noqa: E402
 from utils.errors import exit_on_user_error  # noqa: E402
 from utils.options import OneLineErrorParser  # noqa: E402
+from utils.version import add_version_flag  # noqa: E402
 
 
 def parse_opt(argv=None):
@@ -31,6 +32,7 @@ def parse_opt(argv=None):
     parser.add_argument("dst", help="plain checkpoint to write (.pt)")
     parser.add_argument("--fixed-ffm", action="store_true", help="write every FFM layer in this project's fixed "
                                                                   "arithmetic, to fine-tune (docs/export.md)")
+    add_version_flag(parser)
     return parser.parse_args(argv)
 
 

@@ -38,6 +38,7 @@ from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.ops import check_img_size, is_positive_int, size_list  # noqa: E402
 from utils.options import EXPORT_UPSTREAM_FLAGS, OneLineErrorParser  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
+from utils.version import add_version_flag  # noqa: E402
 
 ONNX_OPSETS = (7, 20)  # the opsets torch.onnx.export(dynamo=False) accepts, lowest and highest
 FORMATS = {"onnx": "{stem}.onnx", "torchscript": "{stem}.torchscript", "openvino": "{stem}" + OPENVINO_FOLDER}
@@ -267,6 +268,7 @@ def parse_opt(argv=None):
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     parser.add_argument("--half", action="store_true", help="FP16 export (CUDA --device only; not OpenVINO)")
     parser.add_argument("--device", default="cpu", help="cuda device, i.e. 0 or cpu")
+    add_version_flag(parser)
     return parser.parse_args(argv)
 
 

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+import audit
+import convert_checkpoint
 import detect
+import export
 import train
 import val
 from models.yolo import Model
@@ -31,16 +34,17 @@ def test_every_entry_script_defines_the_shared_flags_once():
         assert opt.exist_ok and (opt.imgsz == 320 or opt.imgsz == [320])
 
 
-@pytest.mark.parametrize("module", [train, val, detect])
-def test_version_prints_the_project_version_without_other_flags(module, capsys):
-    """``--version`` answers even though val and detect require --weights, --data or --source."""
-    from utils import __version__
+@pytest.mark.parametrize("module", [train, val, detect, export, audit, convert_checkpoint])
+def test_version_prints_the_project_version_without_other_flags(module, capsys, monkeypatch):
+    """``--version`` answers even though the scripts require --weights, --data, --source, --cfg or files."""
+    from utils import __version__, version
 
     assert re.fullmatch(r"\d+\.\d+\.\d+", __version__)
+    monkeypatch.setattr(version, "git_description", lambda *args: "v1.0.0-2-g1a2b3c4-dirty")
     with pytest.raises(SystemExit) as info:
         module.parse_opt(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out.strip() == f"python {module.__name__}.py {__version__}"
+    assert capsys.readouterr().out.strip() == f"python {module.__name__}.py {__version__}+g1a2b3c4.dirty"
 
 
 def test_version_is_no_keyword_of_the_python_api(tmp_path):

@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.version import __version__
+from utils.version import add_version_flag
 from utils.errors import UserError
 from utils.files import check_folder_can_be_made
 from utils.logging import LOGGER
@@ -161,8 +161,7 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: 
     parser.add_argument("--project", default=str(project), help="save to project/name")
     parser.add_argument("--name", default="exp", help="save to project/name")
     parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
-    parser.add_argument("--version", action="version", version=f"{parser.prog} {__version__}",
-                        help="print the project's version and exit")
+    add_version_flag(parser)
 
 
 @dataclass(frozen=True)
