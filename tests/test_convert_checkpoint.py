@@ -17,7 +17,7 @@ import train
 from models.experimental import attempt_load
 from models.ffca import FFM_Concat2, FFM_Concat3
 from models.yolo import Model
-from utils.training.checkpoints import load_checkpoint
+from utils.training.checkpoints import load_checkpoint, save_checkpoint
 from convert_checkpoint import main
 from utils.foreign_checkpoint import Placeholder, convert, match_weights, read_foreign_checkpoint
 from utils.errors import UserError
@@ -279,6 +279,25 @@ def test_bad_files_exit_2_with_one_line(tmp_path, capsys, tiny_cfg):
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and message in err and "\n" not in err
     assert src.stat().st_size > 0 and not (Path(os.getcwd()) / "o.pt").exists()
+
+
+def test_this_projects_own_checkpoint_needs_no_conversion(tmp_path, capsys, tiny_cfg):
+    """best.pt from train.py (and a file convert_checkpoint.py wrote) is already plain: say so, write nothing."""
+    src, converted = tmp_path / "upstream.pt", tmp_path / "converted.pt"
+    pickled_model_checkpoint(tiny_cfg, src)
+    main([str(src), str(converted)])
+    model = Model(tiny_cfg, nc=2)
+    best = tmp_path / "best.pt"
+    save_checkpoint({"model_cfg": model.yaml, "nc": 2, "names": ["a", "b"], "model": None,
+                     "ema": model.state_dict(), "epoch": 3, "best_fitness": 0.1}, best)
+    for own in (best, converted):
+        with pytest.raises(SystemExit) as e:
+            main([str(own), str(tmp_path / "again.pt")])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and "\n" not in err, err
+        assert f"{own}: already a checkpoint of this project" in err and "needs no conversion" in err
+        assert f"--weights {own}" in err and "YOLOv5/FFCA-YOLO checkpoint?" not in err
+    assert not (tmp_path / "again.pt").exists()
 
 
 def test_destination_folder_or_unwritable_destination_exits_2(tmp_path, capsys, tiny_cfg, monkeypatch):

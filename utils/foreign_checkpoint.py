@@ -159,6 +159,10 @@ def foreign_model(ckpt, path) -> tuple[dict, list, dict, str, dict]:
     if not isinstance(ckpt, dict):
         raise UserError(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
     model = stored_weights(ckpt)
+    if isinstance(ckpt.get("model_cfg"), dict) and isinstance(model, dict):
+        raise UserError(f"{path}: already a checkpoint of this project (plain weights and a model YAML, as train.py "
+                        "and convert_checkpoint.py write them); it needs no conversion: pass it as it is, e.g. "
+                        f"--weights {path}")
     if not isinstance(model, Placeholder) or not isinstance(model.state, dict):
         raise UserError(f"{path}: no pickled model under 'ema' or 'model'; is this a YOLOv5/FFCA-YOLO checkpoint?")
     cfg = model.state.get("yaml")
