@@ -4,16 +4,20 @@ numbers or commit hashes, the first command's figure is one median and range eve
 the README shows parses."""
 
 import argparse
+import datetime
 import importlib
+import importlib.util
 import re
 import shlex
+import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.markdown import commands, user_pages
+from tests.support.markdown import SHELL_LANGUAGES, commands, fenced_blocks, fenced_command_lines, user_pages
 from utils import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,20 +39,10 @@ def test_license_is_the_complete_agpl_3():
     assert "END OF TERMS AND CONDITIONS" in text and len(lines) == 661
 
 
-def changelog_versions(markdown: str) -> list:
-    return re.findall(r"^## (\d+\.\d+\.\d+)\b", markdown, flags=re.M)
-
-
 def test_the_version_is_the_same_in_the_code_the_citation_and_the_changelog():
     citation = yaml.safe_load(read("CITATION.cff"))
     assert str(citation["version"]) == __version__
-    assert changelog_versions(read("CHANGELOG.md"))[0] == __version__
-
-
-def test_changelog_versions_are_newest_first():
-    assert changelog_versions("## 1.1.0 (unreleased)\n\n## 1.0.0\n") == ["1.1.0", "1.0.0"]
-    versions = [tuple(map(int, v.split("."))) for v in changelog_versions(read("CHANGELOG.md"))]
-    assert versions == sorted(versions, reverse=True) and len(set(versions)) == len(versions)
+    assert keep_a_changelog(read("CHANGELOG.md"))[1][0] == __version__  # the newest release, after Unreleased
 
 
 def test_the_citation_refers_to_the_ffca_yolo_paper():
@@ -199,3 +193,183 @@ def test_every_readme_command_parses(monkeypatch):
     assert len(argvs) >= 10
     for argv in argvs:
         assert parse_only(argv, monkeypatch) == [], " ".join(argv)
+
+
+def fenced_commands_of_pages() -> list:
+    """``(page, command line)`` of every user page's fenced commands."""
+    return [(page, line) for page in user_pages() for line in fenced_command_lines(read(page))]
+
+
+# a path into the repository's own folders, or a script at its top level (train.py, audit.py, ...)
+REPOSITORY_FOLDERS = ("benchmarks", "data", "docs", "models", "tests", "utils", ".ci")
+PLACEHOLDER = re.compile(r"[*<>$]|\b[A-Z]{2,}\b|\.\.\.")  # models/NAME.yaml, X.Y, $VAR, globs: not a real name
+
+
+def repository_files_named(command: str) -> list:
+    """The words of a shell command that name a file or folder of this repository (``models/x.yaml``,
+    ``train.py``, ``tests/test_a.py::test_b``)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote: the bash -n check reports it
+        return []
+    named = []
+    for word in words:
+        word = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
+        path = word.split("::", 1)[0]
+        if PLACEHOLDER.search(path):
+            continue
+        top_level_script = "/" not in path and path.endswith((".py", ".sh"))
+        if top_level_script or path.split("/", 1)[0] in REPOSITORY_FOLDERS:
+            named.append(path)
+    return named
+
+
+def test_the_file_finder_reads_repository_names_only():
+    command = ("OMP_NUM_THREADS=1 python train.py --cfg models/ffca-yolo-n.yaml --data /data/mine.yaml "
+               "--hyp=data/hyps/hyp.scratch-low.yaml --weights runs/train/exp/weights/best.pt --source images/")
+    assert repository_files_named(command) == ["train.py", "models/ffca-yolo-n.yaml", "data/hyps/hyp.scratch-low.yaml"]
+    assert repository_files_named("python -m pytest -q tests/test_a.py::test_b models/NAME.yaml docs/*.md") == [
+        "tests/test_a.py"]
+
+
+def test_every_fenced_command_names_repository_files_that_exist():
+    missing = [(page, name) for page, command in fenced_commands_of_pages()
+               for name in repository_files_named(command) if not (ROOT / name).exists()]
+    assert missing == []
+
+
+def python_modules_run(command: str) -> list:
+    return re.findall(r"\bpython3? -m ([\w.]+)", command)
+
+
+def test_every_python_module_of_a_fenced_command_imports():
+    """``python -m pkg.mod`` names a module this checkout (or its requirements) provides; found without running."""
+    modules = sorted({(page, name) for page, command in fenced_commands_of_pages()
+                      for name in python_modules_run(command)})
+    assert len(modules) >= 20  # the finder really read the pages' commands
+    unresolved = []
+    for page, name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found and name not in OPTIONAL_MODULES:
+            unresolved.append((page, name))
+    assert unresolved == []
+
+
+# modules a page tells the user to install first (requirements-extras.txt or a benchmark's own step)
+OPTIONAL_MODULES = {"mlflow", "tensorboard", "onnxsim", "openvino"}
+
+
+MACHINE_STORY = re.compile(r"\bthis (?:2-core )?machine\b|本机|这台机器|(?<![\w.])/(?:work|root|home)/[\w.-]+", flags=re.I)
+
+
+def test_the_machine_story_finder():
+    text = "On this machine it took 3 h; see /work/main/runs or /home/me/x, and /root/.cache; 在本机上。"
+    assert MACHINE_STORY.findall(text) == ["this machine", "/work/main", "/home/me", "/root/.cache", "本机"]
+    assert MACHINE_STORY.findall("a 2-core CPU, /data/mine.yaml, /tmp/yolov5pkg, runs/work/x, a machine") == []
+
+
+@pytest.mark.parametrize("page", user_pages())
+def test_user_pages_tell_no_machine_stories(page):
+    """A user has another machine: a page says what was measured and how, not where it happened to run."""
+    assert MACHINE_STORY.findall(read(page)) == [], page
+
+
+CHANGE_TYPES = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+RELEASE_HEADING = re.compile(r"^\[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$")
+
+
+def keep_a_changelog(markdown: str) -> list:
+    """``[(version or "Unreleased", date or None, {change type: [items]})]`` of a Keep a Changelog file,
+    newest first; raises ValueError naming the first line that breaks the format."""
+    lines = markdown.splitlines()
+    if not lines or lines[0] != "# Changelog":
+        raise ValueError("the first line must be '# Changelog'")
+    releases, kind = [], None
+    for number, line in enumerate(lines[1:], start=2):
+        if line.startswith("## "):
+            release = RELEASE_HEADING.match(line[3:])
+            if line == "## [Unreleased]" and not releases:
+                releases.append(("Unreleased", None, {}))
+            elif release:
+                datetime.date.fromisoformat(release[2])
+                releases.append((release[1], release[2], {}))
+            else:
+                raise ValueError(f"line {number}: {line!r} is neither '## [Unreleased]' (first) nor '## [x.y.z] - "
+                                 "YYYY-MM-DD'")
+            kind = None
+        elif line.startswith("### "):
+            kind = line[4:]
+            if not releases or kind not in CHANGE_TYPES or kind in releases[-1][2]:
+                raise ValueError(f"line {number}: {line!r} is not a new Added/Changed/Deprecated/Removed/Fixed/"
+                                 "Security heading under a release")
+            releases[-1][2][kind] = []
+        elif line.startswith("- "):
+            if kind is None:
+                raise ValueError(f"line {number}: an entry outside a change-type heading")
+            releases[-1][2][kind].append(line[2:])
+        elif line.startswith("#"):
+            raise ValueError(f"line {number}: {line!r}: only ## releases and ### change types")
+    if not releases or releases[0][0] != "Unreleased":
+        raise ValueError("the first section must be '## [Unreleased]'")
+    return releases
+
+
+def test_the_changelog_reader_refuses_what_keep_a_changelog_does_not_allow():
+    good = "# Changelog\n\n## [Unreleased]\n\n### Added\n\n## [1.1.0] - 2027-01-02\n\n### Fixed\n\n- a fix\n  more\n"
+    assert keep_a_changelog(good) == [("Unreleased", None, {"Added": []}), ("1.1.0", "2027-01-02", {"Fixed": ["a fix"]})]
+    for bad in ("# Changelog\n\n## 1.0.0 (unreleased)\n",  # the form this file had before the release
+                "# Changelog\n\n## [1.0.0] - 2026-12-07\n",  # no Unreleased section
+                "# Changelog\n\n## [Unreleased]\n\n**Models**\n\n- a line\n",  # a bold topic instead of a type
+                "# Changelog\n\n## [Unreleased]\n\n### Improvements\n",
+                "# Changelog\n\n## [Unreleased]\n\n## [1.0.0] - 2026-13-07\n"):
+        with pytest.raises(ValueError):
+            keep_a_changelog(bad)
+
+
+def test_the_changelog_follows_keep_a_changelog_newest_first():
+    releases = keep_a_changelog(read("CHANGELOG.md"))
+    versions = [tuple(map(int, v.split("."))) for v, _, _ in releases[1:]]
+    dates = [date for _, date, _ in releases[1:]]
+    assert versions and versions == sorted(versions, reverse=True) and len(set(versions)) == len(versions)
+    assert dates == sorted(dates, reverse=True)
+    assert all(items for _, _, changes in releases[1:] for items in changes.values())  # no empty type in a release
+
+
+def shell_blocks_of_pages() -> list:
+    return [(page, block) for page in user_pages() for language, block in fenced_blocks(read(page))
+            if language in SHELL_LANGUAGES]
+
+
+def unparsable_shell_blocks(blocks: list, folder: Path) -> list:
+    """The ``(page, block)`` pairs that ``bash -n`` refuses, checked in one bash process."""
+    paths = []
+    for number, (_, block) in enumerate(blocks):
+        paths.append(folder / f"block{number}.sh")
+        paths[-1].write_text(block, encoding="utf-8")
+    script = 'for f in "$@"; do bash -n "$f" 2>/dev/null || echo "$f"; done'
+    refused = subprocess.run(["bash", "-c", script, "bash", *map(str, paths)], capture_output=True, text=True,
+                             check=True).stdout.split()
+    return [blocks[paths.index(Path(name))] for name in refused]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_every_fenced_shell_block_parses_with_bash_n(tmp_path):
+    """A block pasted into a shell must not open a quote or a here-document that swallows the next lines."""
+    planted = [("x.md", "git clone <this repository's URL> ffca-yolo\npip install -r requirements.txt\n"),
+               ("x.md", 'echo "$HOME"\n')]
+    assert unparsable_shell_blocks(planted, tmp_path) == planted[:1]
+    blocks = shell_blocks_of_pages()
+    assert len(blocks) >= 50
+    assert unparsable_shell_blocks(blocks, tmp_path) == []
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    """The install block's test command, alone on its line, is exactly what .ci/run runs."""
+    ci = [line.strip() for line in read(".ci/run").splitlines() if "pytest" in line and not line.lstrip().startswith("#")]
+    assert ci == ["python -m pytest -q"]
+    for readme in ("README.md", "README.zh-CN.md"):
+        install = next(block for language, block in fenced_blocks(read(readme)) if "pip install -r" in block)
+        assert ci[0] in install.splitlines(), readme
