@@ -205,6 +205,11 @@ def fenced_commands_of_pages() -> list:
     return [(page, line) for page in user_pages() for line in fenced_command_lines(read(page))]
 
 
+def shown_commands(markdown: str) -> list:
+    """A page's fenced command lines and its inline commands (`` `python benchmarks/x.py ...` ``)."""
+    return sorted(set(fenced_command_lines(markdown)) | commands(markdown))
+
+
 # a path into the repository's own folders, or a script at its top level (train.py, audit.py, ...)
 REPOSITORY_FOLDERS = ("benchmarks", "data", "docs", "models", "tests", "utils", ".ci")
 PLACEHOLDER = re.compile(r"[*<>$]|\b[A-Z]{2,}\b|\.\.\.")  # models/NAME.yaml, X.Y, $VAR, globs: not a real name
@@ -243,10 +248,11 @@ def written_by(commands: list) -> set:
     return {name for command in commands for name in re.findall(r">\s*([\w./-]+)", command)}
 
 
-def test_every_fenced_command_names_repository_files_that_exist():
+def test_every_shown_command_names_repository_files_that_exist():
+    """Fenced and inline commands alike: `python benchmarks/gpu_proof.py` once named a module as a file."""
     missing = []
     for page in user_pages():
-        commands_shown = fenced_command_lines(read(page))
+        commands_shown = shown_commands(read(page))
         made = written_by(commands_shown)
         missing += [(page, name) for command in commands_shown for name in repository_files_named(command)
                     if not (ROOT / name).exists() and name not in made]
