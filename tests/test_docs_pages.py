@@ -394,3 +394,15 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     for readme in ("README.md", "README.zh-CN.md"):
         install = next(block for language, block in fenced_blocks(read(readme)) if "pip install -r" in block)
         assert ci[0] in install.splitlines(), readme
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
+def test_the_readmes_first_screen_gets_a_newcomer_started(readme):
+    """Within 60 lines: the verified-and-expected box, then clone, install, the test command and a training run."""
+    first_screen = read(readme).splitlines()[:60]
+    steps = ["git clone ", "pip install -r requirements.txt", "python -m pytest -q", "python train.py "]
+    found = [next((n for n, line in enumerate(first_screen) if line.startswith(step)), None) for step in steps]
+    box = next((n for n, line in enumerate(first_screen) if line.startswith("> **")), None)
+    assert None not in found and box is not None, (readme, found, box)
+    assert box < found[0] and found == sorted(found), readme
+    assert first_screen[found[2]] == "python -m pytest -q"
