@@ -136,7 +136,7 @@ def interpolation_matrix(in_size: int, out_size: int, mode: str, align_corners: 
     return matrix.to(dtype)
 
 
-def _sizes_and_scales(input: torch.Tensor, size, scale_factor, recompute_scale_factor) -> tuple:
+def sizes_and_scales(input: torch.Tensor, size, scale_factor, recompute_scale_factor) -> tuple:
     """``(output sizes, scale factors reaching the kernel or Nones)`` as ``F.interpolate`` resolves them."""
     spatial = input.dim() - 2
     if size is not None:
@@ -164,7 +164,7 @@ def interpolate(input: torch.Tensor, size=None, scale_factor=None, mode: str = "
     if not twinned(input, mode, antialias) or _native_call(size, scale_factor, align_corners,
                                                            recompute_scale_factor, spatial):
         return F.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
-    sizes, factors = _sizes_and_scales(input, size, scale_factor, recompute_scale_factor)
+    sizes, factors = sizes_and_scales(input, size, scale_factor, recompute_scale_factor)
     out = input
     for i, (out_size, factor) in enumerate(zip(sizes, factors)):
         dim = 2 + i

@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from utils.determinism.twins import interpolation, pooling
+from utils.determinism.twins.interpolation import interpolate, sizes_and_scales, twinned
+from utils.determinism.twins.pooling import (adaptive_avg_pool2d, adaptive_avg_pool3d, adaptive_max_pool2d,
+                                             adaptive_max_pool3d)
 
 NATIVE = object()  # an adapter's answer: let the native function compute this call
 
@@ -52,34 +54,34 @@ def _max_pool_1d(always_indices: bool):
     def pool(input, output_size, return_indices=False):
         size = output_size if isinstance(output_size, int) else output_size[0]
         if always_indices or return_indices:
-            output, indices = pooling.adaptive_max_pool2d(input.unsqueeze(-2), (1, size), return_indices=True)
+            output, indices = adaptive_max_pool2d(input.unsqueeze(-2), (1, size), return_indices=True)
             return output.squeeze(-2), indices.squeeze(-2)
-        return pooling.adaptive_max_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
+        return adaptive_max_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
     return pool
 
 
 def _avg_pool_1d(input, output_size):
     """Twin of ``F.adaptive_avg_pool1d`` ``(N, C, L)``: the 2-D twin on ``(N, C, 1, L)``."""
     size = output_size if isinstance(output_size, int) else output_size[0]
-    return pooling.adaptive_avg_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
+    return adaptive_avg_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
 
 
 def _area(twin, spatial: int):
     """Adapter for ``F.interpolate(mode='area')`` of ``spatial`` dimensions: an adaptive average pool."""
-    def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                    recompute_scale_factor=None, antialias=False):
+    def area(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+             recompute_scale_factor=None, antialias=False):
         if mode != "area" or input.dim() != spatial + 2 or antialias or (size is None) == (scale_factor is None):
             return NATIVE
-        sizes, _ = interpolation._sizes_and_scales(input, size, scale_factor, True)
+        sizes, _ = sizes_and_scales(input, size, scale_factor, True)
         return twin(input, sizes)
-    return interpolate
+    return area
 
 
 def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None, antialias=False):
-    if not interpolation.twinned(input, mode, antialias):
+    if not twinned(input, mode, antialias):
         return NATIVE
-    return interpolation.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor,
+    return interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                      antialias)
 
 
@@ -96,15 +98,15 @@ def _avg_pool_routes(twin, dims: int) -> tuple:
 
 TWINS = (
     Twin("adaptive_max_pool2d", ("adaptive_max_pool2d_backward",),
-         _max_pool_routes(pooling.adaptive_max_pool2d, 2)
+         _max_pool_routes(adaptive_max_pool2d, 2)
          + same_signature(_max_pool_1d(False), F.adaptive_max_pool1d, F._adaptive_max_pool1d)
          + same_signature(_max_pool_1d(True), F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)),
-    Twin("adaptive_max_pool3d", ("adaptive_max_pool3d_backward",), _max_pool_routes(pooling.adaptive_max_pool3d, 3)),
+    Twin("adaptive_max_pool3d", ("adaptive_max_pool3d_backward",), _max_pool_routes(adaptive_max_pool3d, 3)),
     Twin("adaptive_avg_pool2d", ("_adaptive_avg_pool2d_backward",),
-         _avg_pool_routes(pooling.adaptive_avg_pool2d, 2)
+         _avg_pool_routes(adaptive_avg_pool2d, 2)
          + same_signature(_avg_pool_1d, F.adaptive_avg_pool1d) + ((F.interpolate, _area(_avg_pool_1d, 1)),)),
     Twin("adaptive_avg_pool3d", ("_adaptive_avg_pool3d_backward", "adaptive_avg_pool3d_backward"),
-         _avg_pool_routes(pooling.adaptive_avg_pool3d, 3)),
+         _avg_pool_routes(adaptive_avg_pool3d, 3)),
     Twin("interpolate", ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_bicubic2d_backward",
                          "upsample_trilinear3d_backward", "_upsample_bilinear2d_aa_backward",
                          "_upsample_bicubic2d_aa_backward"),
