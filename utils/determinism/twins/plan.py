@@ -34,7 +34,8 @@ class TwinPlan:
         """``twins`` with the findings of ``native_report`` they resolve and ``twinned_report`` no longer has."""
         remaining = {_key(f) for f in twinned_report.findings}
         resolvable = {op for twin in twins for op in twin.resolves}
-        replaced = tuple(f for f in native_report.findings if f.op in resolvable and _key(f) not in remaining)
+        replaced = tuple(sorted((f for f in native_report.findings if f.op in resolvable and _key(f) not in remaining),
+                                key=lambda f: (f.module, f.op)))
         used = {f.op for f in replaced}
         return cls(tuple(t for t in twins if used & set(t.resolves)), replaced)
 

@@ -81,8 +81,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
                  recompute_scale_factor=None, antialias=False):
     if not twinned(input, mode, antialias):
         return NATIVE
-    return interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor,
-                                     antialias)
+    return interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
 
 
 def _max_pool_routes(twin, dims: int) -> tuple:
