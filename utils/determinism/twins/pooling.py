@@ -93,6 +93,8 @@ def _first_maximum(values: torch.Tensor, positions: list, dim: int, in_size: int
     longest = index.shape[1]
 
     def windowed(t):
+        if in_size % out_size == 0:  # windows tile the dimension: a view, no copy
+            return t.unflatten(dim, (out_size, longest))
         return t.index_select(dim, index.flatten()).unflatten(dim, (out_size, longest))
 
     pooled, choice = windowed(values).max(dim + 1)  # torch.max returns the first maximal entry's index
