@@ -4,8 +4,9 @@
     python -m benchmarks.speed.bench_twins --reps 15 --threads 2
 
 For each case (the ops of utils/determinism/twins/ at feature-map sizes of a YOLO neck) it times the
-forward and the backward (given the forward's output) of the native op and of its twin, alternating
-native and twin in every repetition, and prints medians and twin / native ratios. Peak memory is the
+forward and the backward (given the forward's output) of the native op and of its twin, native and
+twin back to back in every repetition, and prints the median times and the median of the
+repetitions' twin / native ratios. Peak memory is the
 largest total of live CPU tensors in the torch profiler's memory timeline, for the forward alone and
 for forward plus backward (inputs included), measured once per case. A benchmark, not a test: the
 figures move with the machine's load; the ratios come from one run.
@@ -75,18 +76,24 @@ def peak_mib(step) -> float:
 
 
 def measure(shape, native, twin, reps: int) -> dict:
-    """Median times (ms) and peaks (MiB) of ``native`` and ``twin`` on one random input of ``shape``."""
+    """Median times (ms), median paired ratios and peaks (MiB) of ``native`` and ``twin`` on one input of ``shape``.
+
+    Each repetition times native and twin back to back (3 passes each, averaged), so a burst of load
+    on the machine hits both sides of a ratio.
+    """
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
-    times = {"native": [], "twin": []}
     for fn in (native, twin):  # warm-up: matrices, caches, first allocations
         timed_pass(fn, x)
+    passes = {"native": [], "twin": []}
     for _ in range(reps):
         for name, fn in (("native", native), ("twin", twin)):
-            times[name].append(timed_pass(fn, x))
-    result = {}
+            runs = [timed_pass(fn, x) for _ in range(3)]
+            passes[name].append(tuple(statistics.fmean(r[i] for r in runs) for i in (0, 1)))
+    result = {"ratio": {phase: statistics.median(t[i] / n[i] for n, t in zip(passes["native"], passes["twin"]))
+                        for i, phase in enumerate(("forward", "backward"))}}
     for name, fn in (("native", native), ("twin", twin)):
-        result[name] = {"forward": statistics.median(t[0] for t in times[name]) * 1e3,
-                        "backward": statistics.median(t[1] for t in times[name]) * 1e3,
+        result[name] = {"forward": statistics.median(t[0] for t in passes[name]) * 1e3,
+                        "backward": statistics.median(t[1] for t in passes[name]) * 1e3,
                         "forward_peak": peak_mib(lambda: fn(x.detach())),
                         "step_peak": peak_mib(lambda: timed_pass(fn, x))}
     return result
@@ -97,9 +104,9 @@ def table(results: dict) -> str:
               f"{'fwd MiB':>9}{'twin':>8}{'f+b MiB':>9}{'twin':>8}{'ratio':>7}")
     lines = [header, "-" * len(header)]
     for case, r in results.items():
-        n, t = r["native"], r["twin"]
-        lines.append(f"{case:<46}{n['forward']:8.2f}{t['forward']:8.2f}{t['forward'] / n['forward']:7.2f}"
-                     f"{n['backward']:8.2f}{t['backward']:8.2f}{t['backward'] / n['backward']:7.2f}"
+        n, t, ratio = r["native"], r["twin"], r["ratio"]
+        lines.append(f"{case:<46}{n['forward']:8.2f}{t['forward']:8.2f}{ratio['forward']:7.2f}"
+                     f"{n['backward']:8.2f}{t['backward']:8.2f}{ratio['backward']:7.2f}"
                      f"{n['forward_peak']:9.2f}{t['forward_peak']:8.2f}{n['step_peak']:9.2f}{t['step_peak']:8.2f}"
                      f"{t['step_peak'] / n['step_peak']:7.2f}")
     return "\n".join(lines)
@@ -116,7 +123,7 @@ def main(argv=None):
     args = parse_checked(parser, RULES, argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU, {args.threads} thread(s), float32, median of {args.reps}; "
-          "ratio = twin / native")
+          "ratio = median of paired twin / native")
     results = {case: measure(shape, native, twin, args.reps) for case, (shape, native, twin) in CASES.items()}
     print(table(results))
     return 0
