@@ -331,3 +331,17 @@ def test_strict_trains_a_twinned_model_and_a_rerun_repeats_its_checksum(shapes_d
         assert "model.4.pyramid (AdaptiveMaxPool2d)" in {r["module"] for r in report["twins"]["replaced"]}
         assert report["guarantee"].startswith("bit-identical")
     assert reports[0]["final_ema_sha256"] == reports[1]["final_ema_sha256"]
+
+
+@pytest.mark.slow
+def test_a_cached_start_up_audit_brings_back_the_same_twins(tmp_path, monkeypatch):
+    from models.yolo import Model
+    from tests.support.twin_blocks import write_twin_model_yaml
+    from utils.determinism import audit_cache
+
+    monkeypatch.setenv(audit_cache.CACHE_ENV, str(tmp_path / "cache"))
+    model = Model(write_twin_model_yaml(tmp_path))
+    first, first_report = start_up("strict", model)
+    second, second_report = start_up("strict", model)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2  # the native audit and the one with twins
+    assert first.twins.to_dict() == second.twins.to_dict() and first_report == second_report
