@@ -8,6 +8,7 @@ Tolerances (the native CPU kernels as reference, random normal inputs of odd siz
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,16 @@ def test_a_cached_start_up_audit_brings_back_the_same_twins(tmp_path, monkeypatc
     second, second_report = start_up("strict", model)
     assert len(list((tmp_path / "cache").glob("*.json"))) == 2  # the native audit and the one with twins
     assert first.twins.to_dict() == second.twins.to_dict() and first_report == second_report
+
+
+@pytest.mark.slow
+def test_audit_command_says_what_the_twins_make_of_a_flagged_model(tmp_path, capsys):
+    from audit import EXIT_FINDINGS, main
+    from tests.support.twin_blocks import write_twin_model_yaml
+
+    assert main(["--cfg", str(write_twin_model_yaml(tmp_path)), "--imgsz", "64"]) == EXIT_FINDINGS  # natively
+    printed = capsys.readouterr().out
+    assert re.search(r"adaptive_max_pool2d_backward +backward +cuda", printed)
+    twins_line = printed.strip().splitlines()[-1]
+    assert twins_line.startswith("With twins (--deterministic scoped and strict): deterministic twins replace 5 op(s)")
+    assert twins_line.endswith("Audit with twins: clean")

@@ -24,8 +24,7 @@ import torch
 import torch.nn as nn
 
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss
-from utils.determinism.twins.plan import TWIN_MODES, TwinPlan
-from utils.determinism.twins.registry import routing
+from utils.determinism.twins.plan import TWIN_MODES, TwinPlan, twinned_audit
 from utils.env_vars import read
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
@@ -178,17 +177,20 @@ def _twins_digest() -> str:
 
 
 def _with_twins(policy, native, path: dict, key: dict, audit: Callable) -> tuple:
-    """``(report, path)`` of the audit with the twins that resolve ``native``'s findings routed, the
-    twins set on ``policy`` and one line naming what they replace; ``(native, path)`` when none applies."""
-    twins = TwinPlan.candidates(native)
-    if not twins:
-        return native, path
-    names = [twin.name for twin in twins]
-    twinned_key = {**key, "twins": names, "twin_sources": _twins_digest()}
-    twinned, twinned_path = cached_audit(twinned_key, lambda: audit(lambda: routing(twins)), AuditReport.from_dict)
-    plan = TwinPlan.confirmed(twins, native, twinned)
-    if not plan.replaced:
+    """``(report, path)`` of the audit with the twins that resolve ``native``'s findings routed (cached under
+    its own key), the twins set on ``policy`` and one line naming what they replace; ``(native, path)`` when
+    none applies."""
+    paths = {}
+
+    def cached_twinned(forward_scope):
+        names = [twin.name for twin in TwinPlan.candidates(native)]
+        twinned_key = {**key, "twins": names, "twin_sources": _twins_digest()}
+        report, paths["twinned"] = cached_audit(twinned_key, lambda: audit(forward_scope), AuditReport.from_dict)
+        return report
+
+    plan, report = twinned_audit(native, cached_twinned)
+    if plan is None:
         return native, path
     policy.twins = plan
     LOGGER.info(f"{colorstr('determinism: ')}{plan.describe()}")
-    return twinned, twinned_path
+    return report, paths["twinned"]

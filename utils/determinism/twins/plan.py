@@ -7,6 +7,7 @@ router does not see) stays a finding, and the policy treats it as it treats any 
 """
 
 from dataclasses import dataclass
+from typing import Callable
 
 from utils.determinism.twins.registry import routing, twins_resolving
 
@@ -60,3 +61,17 @@ class TwinPlan:
         return {"twins": self.names,
                 "replaced": [{"module": f.module, "op": f.op, "phase": f.phase, "twin": self.twin_of(f.op)}
                              for f in self.replaced]}
+
+
+def twinned_audit(native_report, audit: Callable) -> tuple:
+    """``(plan, report)``: ``audit(forward_scope)`` run again with the twins that resolve ``native_report``'s
+    findings routed, or ``(None, native_report)`` when no twin applies or none removed a finding.
+
+    ``audit(forward_scope)`` returns an ``AuditReport`` (``forward_scope`` as ``audit_model`` takes it).
+    """
+    twins = TwinPlan.candidates(native_report)
+    if not twins:
+        return None, native_report
+    twinned = audit(lambda: routing(twins))
+    plan = TwinPlan.confirmed(twins, native_report, twinned)
+    return (plan, twinned) if plan.replaced else (None, native_report)
