@@ -10,12 +10,16 @@ signature of a twin, or no routes when torchvision's operators are not loaded.
 
 import torch
 
+from utils.errors import UserError
+from utils.torchvision_ops import operators
+
 
 def torchvision_operator(name: str):
-    """``torch.ops.torchvision.<name>``, or None when torchvision's library is not loaded."""
+    """``torch.ops.torchvision.<name>`` (torchvision's library loaded), or None when torchvision or the
+    operator is missing."""
     try:
-        return getattr(torch.ops.torchvision, name)
-    except (AttributeError, RuntimeError):
+        return getattr(operators(), name)
+    except (AttributeError, RuntimeError, UserError):
         return None
 
 
