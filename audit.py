@@ -24,6 +24,7 @@ from utils.errors import UserError  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
 from utils.options import OneLineErrorParser  # noqa: E402
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
+from utils.determinism.twins.plan import twinned_audit  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 from utils.version import add_version_flag  # noqa: E402
 
@@ -54,21 +55,35 @@ def parse_opt(argv=None) -> argparse.Namespace:
     return opt
 
 
-def run_audit(opt: argparse.Namespace) -> AuditReport:
-    """Build the model from ``--cfg`` on ``--device`` and audit one training step."""
+def run_audit(opt: argparse.Namespace) -> tuple:
+    """Build the model from ``--cfg`` on ``--device`` and audit one training step; returns the report and
+    the line saying what the deterministic twins of scoped and strict make of it (None when no twin applies)."""
     device = select_device(opt.device)
     model = Model(opt.cfg).to(device)
     stride = int(model.stride.max())
     if opt.imgsz % stride:
         raise UserError(f"--imgsz {opt.imgsz}: must be a multiple of the model's largest stride {stride}")
-    return audit_model(model, imgsz=opt.imgsz, device=device, batch_size=opt.batch_size,
-                       loss_factory=detection_loss(yaml_load(DEFAULT_HYP)))
+
+    def audit(forward_scope=None) -> AuditReport:
+        return audit_model(model, imgsz=opt.imgsz, device=device, batch_size=opt.batch_size,
+                           loss_factory=detection_loss(yaml_load(DEFAULT_HYP)), forward_scope=forward_scope)
+
+    report = audit()
+    plan, twinned = twinned_audit(report, audit)
+    return report, None if plan is None else twins_summary(plan, twinned)
+
+
+def twins_summary(plan, twinned: AuditReport) -> str:
+    """What --deterministic scoped and strict train with: the twins, and what the audit with them finds."""
+    left = "clean" if twinned.clean else f"{len(twinned.findings)} finding(s) left: " + ", ".join(
+        f"{f.op} ({f.module})" for f in twinned.findings)
+    return f"With twins (--deterministic scoped and strict): {plan.describe()}. Audit with twins: {left}"
 
 
 def main(argv=None) -> int:
     """Run the command; returns the exit code (0 clean, 1 findings, 2 bad arguments, 3 audit failed)."""
     try:
-        report = run_audit(parse_opt(argv))
+        report, with_twins = run_audit(parse_opt(argv))
     except UserError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
@@ -77,6 +92,8 @@ def main(argv=None) -> int:
         print(f"ERROR: the determinism audit could not run: {type(e).__name__}: {reason}", file=sys.stderr)
         return EXIT_AUDIT_FAILED
     print(report.format())
+    if with_twins:
+        print(with_twins)
     return EXIT_CLEAN if report.clean else EXIT_FINDINGS
 
 

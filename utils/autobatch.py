@@ -121,12 +121,14 @@ def profile_memory(model, imgsz: int, amp: bool, policy, measure: Callable) -> l
 
 
 def trial_step(model, batch: int, imgsz: int, amp: bool, policy) -> None:
-    """One forward on a ``(batch, 3, imgsz, imgsz)`` zero image and a backward in ``policy``'s scope."""
+    """One forward (through ``policy``'s twins) on a ``(batch, 3, imgsz, imgsz)`` zero image and a backward in
+    ``policy``'s scope."""
     device = next(model.parameters()).device
     model.zero_grad(set_to_none=True)
     try:
         images = torch.zeros(batch, 3, imgsz, imgsz, device=device)
-        with torch.autocast(device.type, enabled=amp):
+        with policy.forward_scope() if policy is not None else contextlib.nullcontext(), \
+                torch.autocast(device.type, enabled=amp):
             outputs = model(images)
         with policy.backward_scope() if policy is not None else contextlib.nullcontext():
             _sum_outputs(outputs).backward()

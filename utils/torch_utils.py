@@ -500,6 +500,8 @@ class DeterminismPolicy:
 
     ``relax_backward`` says whether :meth:`backward_scope` switches determinism off around the
     backward pass; it is only ever True in ``scoped`` mode (True until an audit says otherwise).
+    ``twins`` (a ``utils.determinism.twins.plan.TwinPlan``, scoped and strict only) are the deterministic
+    twins :meth:`forward_scope` routes the training forward through, set before the audit is adopted.
     """
 
     mode: str
@@ -509,6 +511,11 @@ class DeterminismPolicy:
     audit_summary: str | None = None
     audit: dict | None = None
     nondeterministic_ops: dict = field(default_factory=dict)
+    twins: object = None
+
+    def forward_scope(self):
+        """Context manager for the training forward: routes ops to the run's deterministic twins, if any."""
+        return self.twins.routing() if self.twins is not None else contextlib.nullcontext()
 
     def backward_scope(self):
         """Context manager for ``loss.backward()``: relaxes determinism only in scoped mode when needed.
@@ -542,7 +549,7 @@ class DeterminismPolicy:
         relaxed = backward if self.relax_backward else []
         counted = relaxed + silent if self.mode == "scoped" else failing if self.mode == "warn" else []
         self.nondeterministic_ops = {op: sum(f.op == op for f in counted) for op in sorted({f.op for f in counted})}
-        summary = adoption_summary(self.mode, report, backward, forward, self.relax_backward, silent)
+        summary = adoption_summary(self.mode, report, backward, forward, self.relax_backward, silent, self.twins)
         self.audit_summary = summary
         self.audit = report.to_dict()
         return summary

@@ -38,6 +38,12 @@ def _nms_kernel():
     return torch.ops.torchvision.nms
 
 
+def operators():
+    """``torch.ops.torchvision`` with torchvision's library loaded (roi_align, deform_conv2d, ... as well as nms)."""
+    _nms_kernel()
+    return torch.ops.torchvision
+
+
 def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float) -> torch.Tensor:
     """Indices of the ``boxes`` (n, 4) xyxy that greedy NMS keeps, highest ``scores`` (n,) first."""
     return _nms_kernel()(boxes, scores, float(iou_thres))

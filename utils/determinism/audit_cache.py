@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss
+from utils.determinism.twins.plan import TWIN_MODES, TwinPlan, twinned_audit
 from utils.env_vars import read
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
@@ -35,6 +36,7 @@ _UTILS = Path(__file__).resolve().parents[1]
 AUDIT_SOURCES = (_UTILS / "determinism" / "op_audit.py", _UTILS / "determinism" / "op_table.py",
                  _UTILS / "determinism" / "cuda_trace.py", _UTILS / "loss.py", _UTILS / "metrics.py",
                  _UTILS / "torch_utils.py")
+TWINS_FOLDER = _UTILS / "determinism" / "twins"
 _STATISTICS = ("running_mean", "running_var", "num_batches_tracked")  # BatchNorm state: values, not structure
 
 
@@ -148,12 +150,47 @@ def cached_audit(key: dict, compute: Callable[[], object], from_dict: Callable[[
 
 def start_up_audit(policy, model, imgsz: int, device, hyp: dict, amp: bool) -> tuple:
     """Audit one training step at start-up (or read it from this cache) unless the mode is off; the policy
-    adopts the findings. Returns ``(report dict, {"path": "cached" | "computed", "file"})``, ``(None, None)`` when off.
+    adopts the findings. In scoped and strict, findings a deterministic twin resolves are audited again with
+    those twins routed (:func:`_with_twins`), and the policy adopts that audit.
+    Returns ``(report dict, {"path": "cached" | "computed", "file"})``, ``(None, None)`` when off.
     """
     if policy.mode == "off":
         return None, None
     settings = dict(imgsz=min(imgsz, 256), device=device, batch_size=2, amp=amp)
-    compute = lambda: audit_model(model, loss_factory=detection_loss(hyp), **settings)  # noqa: E731
-    report, path = cached_audit(audit_key(model, mode=policy.mode, hyp=hyp, **settings), compute, AuditReport.from_dict)
+    key = audit_key(model, mode=policy.mode, hyp=hyp, **settings)
+
+    def audit(forward_scope=None):
+        return audit_model(model, loss_factory=detection_loss(hyp), forward_scope=forward_scope, **settings)
+
+    report, path = cached_audit(key, audit, AuditReport.from_dict)
+    if policy.mode in TWIN_MODES:
+        report, path = _with_twins(policy, report, path, key, audit)
     LOGGER.info(f"{colorstr('determinism: ')}{policy.adopt_audit(report)}")
     return report.to_dict(), path
+
+
+def _twins_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(TWINS_FOLDER.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _with_twins(policy, native, path: dict, key: dict, audit: Callable) -> tuple:
+    """``(report, path)`` of the audit with the twins that resolve ``native``'s findings routed (cached under
+    its own key), the twins set on ``policy`` and one line naming what they replace; ``(native, path)`` when
+    none applies."""
+    paths = {}
+
+    def cached_twinned(forward_scope):
+        names = [twin.name for twin in TwinPlan.candidates(native)]
+        twinned_key = {**key, "twins": names, "twin_sources": _twins_digest()}
+        report, paths["twinned"] = cached_audit(twinned_key, lambda: audit(forward_scope), AuditReport.from_dict)
+        return report
+
+    plan, report = twinned_audit(native, cached_twinned)
+    if plan is None:
+        return native, path
+    policy.twins = plan
+    LOGGER.info(f"{colorstr('determinism: ')}{plan.describe()}")
+    return report, paths["twinned"]

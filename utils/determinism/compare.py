@@ -18,7 +18,7 @@ from utils.files import yaml_load
 
 # Options that name the run folder, not what is computed.
 RUN_NAMING_OPTIONS = {"name", "project", "save_dir", "exist_ok", "resume"}
-ENVIRONMENT_FIELDS = ("versions", "devices", "threads", "world_size", "workers", "mode", "audit",
+ENVIRONMENT_FIELDS = ("versions", "devices", "threads", "world_size", "workers", "mode", "audit", "twins",
                       "relaxed_backward", "policy_state", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "seed")
 # What every determinism.json train.py writes holds, and the types compare relies on.
 RECORD_FIELDS = {"mode": (str,), "world_size": (int,), "threads": (int,), "versions": (dict,),

@@ -32,11 +32,14 @@ def _ways_out(first: str) -> str:
             "deterministic one; see docs/determinism.md")
 
 
-def adoption_summary(mode: str, report, backward: list, forward: list, relax: bool, silent: tuple = ()) -> str:
-    """The line train.py logs after adopting an audit (``silent``: findings on this device without an alert)."""
+def adoption_summary(mode: str, report, backward: list, forward: list, relax: bool, silent: tuple = (),
+                     twins=None) -> str:
+    """The line train.py logs after adopting an audit (``silent``: findings on this device without an alert;
+    ``twins``: the run's ``TwinPlan`` when the audit ran with deterministic twins routed)."""
     where = report.device
     if not report.findings:
-        return f"determinism audit ({mode}): clean on {where}; full determinism kept"
+        with_twins = f" with twins ({', '.join(twins.names)})" if twins is not None else ""
+        return f"determinism audit ({mode}): clean{with_twins} on {where}; full determinism kept"
     elsewhere = [f for f in report.findings if f not in backward and f not in forward and f not in silent]
     parts = [f"determinism audit ({mode}) on {where}:"]
     if backward:

@@ -312,6 +312,7 @@ def _torch_flags(caught: list, phase: str) -> list:
 PARALLEL_GRAIN = 32768  # at::internal::GRAIN_SIZE: CPU index_put_ accumulate runs in parallel from here
 
 LossFactory = Callable[[nn.Module, torch.Tensor], Callable]  # (model, images) -> (output -> scalar loss)
+ForwardScope = Callable[[], contextlib.AbstractContextManager]  # a fresh context manager per step
 
 
 def sum_of_outputs(model: nn.Module, images: torch.Tensor) -> Callable:
@@ -425,14 +426,15 @@ class _TrainingStep:
 
 
 def _run_step(student: nn.Module, images: torch.Tensor, loss_factory: LossFactory, amp: bool,
-              version: str) -> tuple:
-    """One recorded training step: ``(findings by (op, phase, module), torch's flags, op counts)``."""
+              version: str, forward_scope: ForwardScope | None = None) -> tuple:
+    """One recorded training step: ``(findings by (op, phase, module), torch's flags, op counts)``; the
+    forward and the loss run inside ``forward_scope()`` when given (the twins' router, as in training)."""
     tracker = _ModuleTracker(student)
     recorder = _make_recorder(tracker, version)
     try:
         with temporary_determinism(True, warn_only=True):
             step = _TrainingStep(student, images, loss_factory, amp)
-            _, flags = _record(recorder, "forward", lambda: step.forward(tracker))
+            _, flags = _record(recorder, "forward", lambda: _in_scope(forward_scope, lambda: step.forward(tracker)))
             if step.loss is not None:
                 flags += _record(recorder, "backward", step.backward)[1]
                 flags += _record(recorder, "step", lambda: step.step(tracker))[1]
@@ -442,13 +444,20 @@ def _run_step(student: nn.Module, images: torch.Tensor, loss_factory: LossFactor
     return recorder.findings, unique_flags, dict(recorder.op_counts)
 
 
-def _meta_findings(model: nn.Module, images: torch.Tensor, version: str) -> tuple:
+def _in_scope(forward_scope: ForwardScope | None, step: Callable):
+    with forward_scope() if forward_scope is not None else contextlib.nullcontext():
+        return step()
+
+
+def _meta_findings(model: nn.Module, images: torch.Tensor, version: str,
+                   forward_scope: ForwardScope | None = None) -> tuple:
     """``(findings, '')`` of the step traced on ``meta`` with CUDA's branches, or ``(None, why not)``."""
     student = _training_copy(model).to("meta")
     meta_images = torch.empty(images.shape, device="meta").contiguous(memory_format=torch.channels_last)
     try:
         with cuda_branch_trace(version):
-            return _run_step(student, as_cuda_branch(meta_images), sum_of_outputs, False, version)[0], ""
+            return _run_step(student, as_cuda_branch(meta_images), sum_of_outputs, False, version,
+                             forward_scope)[0], ""
     except (NotImplementedError, RuntimeError) as e:  # an op without a meta kernel, or one that needs values
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         op = re.search(r"aten::\w+", first)
@@ -480,7 +489,7 @@ def predict_cuda(cpu: dict, meta: dict | None, meta_failure: str = "") -> list:
 
 def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int = 2, ch: int | None = None,
                 loss_factory: LossFactory | None = None, amp: bool = False,
-                torch_version: str = torch.__version__) -> AuditReport:
+                torch_version: str = torch.__version__, forward_scope: ForwardScope | None = None) -> AuditReport:
     """Audit one training step on a ``(batch_size, ch, imgsz, imgsz)`` input; return the report.
 
     The step runs on deep copies (model, optimizer, EMA), so ``model`` and the RNG streams are
@@ -492,7 +501,8 @@ def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int
     ``use_deterministic_algorithms(True, warn_only=True)``, so ``torch_flagged`` holds what torch
     itself reports on this device. On a CPU the CUDA findings come from a second trace on
     ``meta`` (:func:`predict_cuda`). ``batch_size`` must be at least 2 (BatchNorm on a 1x1 map
-    needs two values per channel).
+    needs two values per channel). ``forward_scope()`` (a context manager factory, e.g. the
+    deterministic twins' router) is entered around the forward and the loss, as training enters it.
     """
     if batch_size < 2:
         raise ValueError(f"audit batch_size {batch_size}: must be at least 2 (BatchNorm needs two values)")
@@ -504,10 +514,11 @@ def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int
     on_meta = device.type == "meta"  # a meta audit stands in for CUDA: it takes CUDA's branches
     with preserved_rng_state(device), cuda_branch_trace(torch_version) if on_meta else contextlib.nullcontext():
         images = as_cuda_branch(images) if on_meta else images
-        found, flags, counts = _run_step(student, images, loss_factory or sum_of_outputs, amp, torch_version)
+        found, flags, counts = _run_step(student, images, loss_factory or sum_of_outputs, amp, torch_version,
+                                         forward_scope)
         findings, cuda_trace = list(found.values()), str(device)
         if device.type == "cpu":
-            meta, failure = _meta_findings(model, images, torch_version)
+            meta, failure = _meta_findings(model, images, torch_version, forward_scope)
             findings = predict_cuda(found, meta, failure)
             cuda_trace = META_TRACE if meta is not None else f"cpu (meta has no kernel: {failure})"
     return AuditReport(device=str(device), imgsz=imgsz, findings=findings, torch_flagged=flags, op_counts=counts,

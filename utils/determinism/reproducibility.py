@@ -54,7 +54,8 @@ def run_guarantee(policy) -> str:
 def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=None) -> dict:
     """Mode, seed, audit, relaxation, versions, devices and data identity of this run.
 
-    ``audit_path`` says whether the audit came from its cache (``{"path": "cached" | "computed",
+    ``twins`` lists the deterministic twins the training forward ran and the native findings they replaced
+    (the audit is then the one with the twins routed). ``audit_path`` says whether the audit came from its cache (``{"path": "cached" | "computed",
     "file"}``); it is how the run started, not what it computes, so compare does not read it.
     """
     return {
@@ -66,6 +67,7 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=
         "guarantee": run_guarantee(policy),
         "audit": audit,
         "audit_path": audit_path,
+        "twins": policy.twins.to_dict() if policy.twins is not None else None,
         "policy_state": policy.state(),
         "versions": {
             "python": sys.version.split()[0],

@@ -65,7 +65,7 @@ class TrainLoop:
             hooks.before_epoch()
             for batch in loader:
                 hooks.before_step()
-                loop.train_step(batch)            # forward, non-finite guard, scoped backward, optimizer step
+                loop.train_step(batch)            # twinned forward, non-finite guard, scoped backward, optimizer step
                 hooks.after_step()                # progress, callbacks, signal agreement, mid-epoch save
                 if a signal stopped it mid-epoch: stop
             hooks.after_epoch()                   # LR schedule, validation, results.csv, early stop, save
@@ -276,7 +276,7 @@ class TrainLoop:
         imgs = imgs.contiguous(memory_format=torch.channels_last)
         if self.opt.multi_scale:
             imgs = random_rescale(imgs, self.ctx.imgsz, self.grid_size, self.opt.seed, epoch, i)
-        with torch.autocast(self.device.type, enabled=self.amp):
+        with self.ctx.policy.forward_scope(), torch.autocast(self.device.type, enabled=self.amp):
             pred = self.model(imgs)
             return self.compute_loss(pred, targets.to(self.device, non_blocking=True))
 

@@ -1,0 +1,148 @@
+"""The twin table and the router that sends a native op's calls to its deterministic twin.
+
+A :class:`Twin` names the aten ops whose audit findings it makes unnecessary (``resolves``) and its
+routes: pairs ``(native callable, adapter)``. While :func:`routing` is active (a
+``torch.overrides.TorchFunctionMode``, entered around the training forward), a call of a native
+callable goes to its adapters in table order; an adapter returns the twin's result, or
+:data:`NATIVE` to leave the call to the native function (a mode the twin does not cover).
+
+What the mode sees, checked on torch 2.14 and torchvision 0.29: the ``torch.nn.functional`` Python
+functions (``F.adaptive_max_pool2d`` is its ``boolean_dispatch`` wrapper, ``F.interpolate`` also
+for ``nn.Upsample``), ``torch._C._nn`` builtins called directly, and torchvision's operators as the
+``OpOverloadPacket`` (``torch.ops.torchvision.roi_align``: ``torchvision.ops.roi_align`` and
+``RoIAlign`` call it, with the operator's own arguments; the Python wrappers themselves are not
+seen). Inside a route the mode is off, so a twin's own ops and a native fallback are not routed.
+
+Adding a twin is one entry of :data:`TWINS`: ``Twin(name, resolves, same_signature(twin, *natives))``
+for a twin with the native function's signature, or the routes of ``torchvision_routes.py``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from utils.determinism.twins.interpolation import interpolate, sizes_and_scales, twinned
+from utils.determinism.twins.pooling import (adaptive_avg_pool2d, adaptive_avg_pool3d, adaptive_max_pool2d,
+                                             adaptive_max_pool3d)
+
+NATIVE = object()  # an adapter's answer: let the native function compute this call
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A deterministic twin: the audit findings it resolves and the calls it takes over."""
+
+    name: str
+    resolves: tuple  # aten op names (as audit findings name them) whose backward the twin replaces
+    routes: tuple  # ((native callable, adapter(*args, **kwargs) -> result or NATIVE), ...)
+
+
+def same_signature(twin, *natives) -> tuple:
+    """Routes sending every call of each of ``natives`` to ``twin``, which has their signature."""
+    return tuple((native, twin) for native in natives)
+
+
+def _with_indices(twin):
+    """Adapter for aten's ``adaptive_max_poolNd(input, output_size) -> (output, indices)``."""
+    return lambda input, output_size: twin(input, output_size, return_indices=True)
+
+
+def _max_pool_1d(always_indices: bool):
+    """Adapter for a 1-D adaptive max pool ``(N, C, L)``: the 2-D twin on ``(N, C, 1, L)``, as aten computes it."""
+    def pool(input, output_size, return_indices=False):
+        size = output_size if isinstance(output_size, int) else output_size[0]
+        if always_indices or return_indices:
+            output, indices = adaptive_max_pool2d(input.unsqueeze(-2), (1, size), return_indices=True)
+            return output.squeeze(-2), indices.squeeze(-2)
+        return adaptive_max_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
+    return pool
+
+
+def _avg_pool_1d(input, output_size):
+    """Twin of ``F.adaptive_avg_pool1d`` ``(N, C, L)``: the 2-D twin on ``(N, C, 1, L)``."""
+    size = output_size if isinstance(output_size, int) else output_size[0]
+    return adaptive_avg_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
+
+
+def _area(twin, spatial: int):
+    """Adapter for ``F.interpolate(mode='area')`` of ``spatial`` dimensions: an adaptive average pool."""
+    def area(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+             recompute_scale_factor=None, antialias=False):
+        if mode != "area" or input.dim() != spatial + 2 or antialias or (size is None) == (scale_factor is None):
+            return NATIVE
+        sizes, _ = sizes_and_scales(input, size, scale_factor, True)
+        return twin(input, sizes)
+    return area
+
+
+def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False):
+    if not twinned(input, mode, antialias):
+        return NATIVE
+    return interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+
+
+def _max_pool_routes(twin, dims: int) -> tuple:
+    name = f"adaptive_max_pool{dims}d"
+    return (same_signature(twin, getattr(F, name), getattr(F, f"{name}_with_indices"), getattr(F, f"_{name}"))
+            + ((getattr(torch._C._nn, name), _with_indices(twin)),))
+
+
+def _avg_pool_routes(twin, dims: int) -> tuple:
+    name = f"adaptive_avg_pool{dims}d"
+    return same_signature(twin, getattr(F, name), getattr(torch._C._nn, name)) + ((F.interpolate, _area(twin, dims)),)
+
+
+TWINS = (
+    Twin("adaptive_max_pool2d", ("adaptive_max_pool2d_backward",),
+         _max_pool_routes(adaptive_max_pool2d, 2)
+         + same_signature(_max_pool_1d(False), F.adaptive_max_pool1d, F._adaptive_max_pool1d)
+         + same_signature(_max_pool_1d(True), F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)),
+    Twin("adaptive_max_pool3d", ("adaptive_max_pool3d_backward",), _max_pool_routes(adaptive_max_pool3d, 3)),
+    Twin("adaptive_avg_pool2d", ("_adaptive_avg_pool2d_backward",),
+         _avg_pool_routes(adaptive_avg_pool2d, 2)
+         + same_signature(_avg_pool_1d, F.adaptive_avg_pool1d) + ((F.interpolate, _area(_avg_pool_1d, 1)),)),
+    Twin("adaptive_avg_pool3d", ("_adaptive_avg_pool3d_backward", "adaptive_avg_pool3d_backward"),
+         _avg_pool_routes(adaptive_avg_pool3d, 3)),
+    Twin("interpolate", ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_bicubic2d_backward",
+                         "upsample_trilinear3d_backward", "_upsample_bilinear2d_aa_backward",
+                         "_upsample_bicubic2d_aa_backward"),
+         ((F.interpolate, _interpolate),)),
+)
+
+
+def twin_named(name: str) -> Twin:
+    """The table's twin called ``name`` (KeyError if none)."""
+    return {twin.name: twin for twin in TWINS}[name]
+
+
+def twins_resolving(ops) -> tuple:
+    """The twins (table order) that resolve any of the aten op names ``ops``."""
+    wanted = set(ops)
+    return tuple(twin for twin in TWINS if wanted & set(twin.resolves))
+
+
+class TwinRouter(TorchFunctionMode):
+    """Sends calls of the native callables of ``twins`` to their adapters (see the module docstring)."""
+
+    def __init__(self, twins):
+        super().__init__()
+        self.routes: dict = {}
+        for twin in twins:
+            for native, adapter in twin.routes:
+                self.routes.setdefault(native, []).append(adapter)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for adapter in self.routes.get(func, ()):
+            result = adapter(*args, **kwargs)
+            if result is not NATIVE:
+                return result
+        return func(*args, **kwargs)
+
+
+def routing(twins) -> TwinRouter:
+    """A context manager routing the native calls of ``twins`` (a sequence of :class:`Twin`) to them."""
+    return TwinRouter(twins)
