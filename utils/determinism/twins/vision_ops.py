@@ -72,10 +72,20 @@ def _grid_counts(extent: torch.Tensor, pooled: int, sampling_ratio: int) -> torc
     return torch.ceil(extent / pooled).long()
 
 
+def _largest(values: torch.Tensor) -> int:
+    """``max(values.max(), 1)`` as a Python int (a host sync), sizing a gather.
+
+    On ``meta`` (the op audit's shape-only trace of CUDA) there are no values, and 1 gives the same ops.
+    """
+    if values.device.type == "meta" or values.numel() == 0:
+        return 1
+    return max(int(values.max()), 1)
+
+
 def _check_feature_map(input: torch.Tensor, rois: torch.Tensor, op: str) -> None:
     if input.dim() != 4 or not input.is_floating_point():
         raise ValueError(f"{op} twin: input must be a floating Tensor[N, C, H, W], got {input.dim()}-D {input.dtype}")
-    if len(rois) and not (0 <= int(rois[:, 0].min()) and int(rois[:, 0].max()) < input.shape[0]):
+    if len(rois) and rois.device.type != "meta" and not (0 <= int(rois[:, 0].min()) and int(rois[:, 0].max()) < input.shape[0]):
         raise ValueError(f"{op} twin: boxes name images outside [0, {input.shape[0] - 1}] (column 0 of Tensor[K, 5])")
 
 
@@ -100,9 +110,8 @@ def roi_align(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.
     bin_h, bin_w = extent_h / pooled_h, extent_w / pooled_w
     grid_h, grid_w = _grid_counts(extent_h, pooled_h, sampling_ratio), _grid_counts(extent_w, pooled_w, sampling_ratio)
     k = len(rois)
-    most_h, most_w = (int(grid_h.max()), int(grid_w.max())) if k else (0, 0)
-    y_low, y_high, wy_low, wy_high = _roi_align_axis(start_h, bin_h, grid_h, pooled_h, max(most_h, 1), height)
-    x_low, x_high, wx_low, wx_high = _roi_align_axis(start_w, bin_w, grid_w, pooled_w, max(most_w, 1), width)
+    y_low, y_high, wy_low, wy_high = _roi_align_axis(start_h, bin_h, grid_h, pooled_h, _largest(grid_h), height)
+    x_low, x_high, wx_low, wx_high = _roi_align_axis(start_w, bin_w, grid_w, pooled_w, _largest(grid_w), width)
 
     def grid(t, axis):  # (K, pooled, most) of one axis -> (K, pooled_h, pooled_w, most_h, most_w)
         return t[:, :, None, :, None] if axis == "y" else t[:, None, :, None, :]
@@ -154,10 +163,8 @@ def roi_pool(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.0
     first_h, stop_h = _roi_pool_windows(corners[:, 1], corners[:, 3], pooled_h, height, input.dtype)
     first_w, stop_w = _roi_pool_windows(corners[:, 0], corners[:, 2], pooled_w, width, input.dtype)
     k = len(rois)
-    most_h = max(int((stop_h - first_h).max()), 1) if k else 1
-    most_w = max(int((stop_w - first_w).max()), 1) if k else 1
-    y = first_h[:, :, None, None, None] + torch.arange(most_h, device=input.device).view(-1, 1)
-    x = first_w[:, None, :, None, None] + torch.arange(most_w, device=input.device)
+    y = first_h[:, :, None, None, None] + torch.arange(_largest(stop_h - first_h), device=input.device).view(-1, 1)
+    x = first_w[:, None, :, None, None] + torch.arange(_largest(stop_w - first_w), device=input.device)
     inside = (y < stop_h[:, :, None, None, None]) & (x < stop_w[:, None, :, None, None])
     image = rois[:, 0].long().view(-1, 1, 1, 1, 1)
     index = pixel_index(image, y, x, inside, height, width, n * height * width)
