@@ -70,19 +70,16 @@ def _check_arguments(input: torch.Tensor, grid: torch.Tensor, mode: str, padding
                          f"got {input.dtype} and {grid.dtype}")
 
 
-def _clip(coord: torch.Tensor, size: int) -> torch.Tensor:
-    """Clamp to ``[0, size - 1]``; as in aten, the gradient is 0 on the bounds too (clamp passes it)."""
-    inside = (coord > 0) & (coord < size - 1)
-    return torch.where(inside, coord, coord.detach().clamp(0, size - 1))
-
-
 def _reflect(coord: torch.Tensor, twice_low: int, twice_high: int) -> torch.Tensor:
-    """Reflect ``coord`` into ``[twice_low / 2, twice_high / 2]``; gradient +-1 by the number of flips."""
+    """Reflect ``coord`` into ``[twice_low / 2, twice_high / 2]``; gradient +-1 by the number of flips.
+
+    At ``coord == twice_low / 2`` abs() passes gradient 0 where aten passes 1, but there the clamp
+    that follows passes 0 either way.
+    """
     if twice_low == twice_high:  # a map of size 1 with align_corners: one point, no gradient
         return torch.where(torch.zeros_like(coord, dtype=torch.bool), coord, 0.0)
     low, span = twice_low / 2, (twice_high - twice_low) / 2
-    shifted = coord - low
-    distance = shifted * torch.where(shifted < 0, -1.0, 1.0).to(coord.dtype)  # abs() has gradient 0 at 0
+    distance = (coord - low).abs()
     extra = torch.fmod(distance, span)
     even_flips = torch.remainder(torch.floor(distance / span), 2) == 0
     return torch.where(even_flips, extra + low, span - extra + low)
@@ -94,11 +91,11 @@ def source_coordinate(coord: torch.Tensor, size: int, padding_mode: str, align_c
         pixel = (coord + 1) * ((size - 1) / 2)
     else:
         pixel = (coord + 1) * (size / 2) - 0.5
-    if padding_mode == "border":
-        pixel = _clip(pixel, size)
-    elif padding_mode == "reflection":
+    if padding_mode == "reflection":
         pixel = _reflect(pixel, 0, 2 * (size - 1)) if align_corners else _reflect(pixel, -1, 2 * size - 1)
-        pixel = _clip(pixel, size)
+    if padding_mode != "zeros":
+        # clamp's gradient is 0 on the bounds as well, like aten's clip_coordinates_set_grad (tested)
+        pixel = pixel.clamp(0, size - 1)
     return pixel
 
 
