@@ -137,6 +137,22 @@ def test_roi_pool_ties_and_half_pixel_rounding():
                         exact=True)
 
 
+def test_roi_pool_skips_nan_and_starts_at_minus_float_max():
+    """As torchvision's scan: NaN never wins a bin, and a bin of -inf pools to -FLT_MAX."""
+    features = feature_map(torch.float32).detach()
+    features[0, :, 2:5, 1:4] = float("nan")
+    features[1, :, 6:9, 4:8] = float("-inf")
+    features.requires_grad_()
+    boxes = torch.tensor([[0, 1.0, 2.0, 9.0, 8.0], [1, 4.0, 6.0, 7.0, 8.0]])
+    expected, got = tvo.roi_pool(features, boxes, 2), roi_pool(features, boxes, 2)
+    assert got.isnan().any() == expected.isnan().any()
+    assert (expected == -torch.finfo(torch.float32).max).any()
+    assert torch.equal(got, expected)
+    upstream = torch.randn(expected.shape, generator=generator(11))
+    assert torch.equal(torch.autograd.grad(got, features, upstream)[0],
+                       torch.autograd.grad(expected, features, upstream)[0])
+
+
 @pytest.mark.parametrize("op", (roi_align, roi_pool))
 def test_roi_ops_refuse_malformed_boxes(op):
     with pytest.raises(ValueError, match=r"\[K, 5\]"):

@@ -153,7 +153,8 @@ def roi_pool(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.0
     input ``(N, C, H, W)``; boxes ``Tensor[K, 5]`` or a list of ``Tensor[L, 4]``; returns
     ``(K, C, output_size[0], output_size[1])``: the maximum of each bin, 0 for an empty bin. The
     gradient goes to the first maximum in row-major order, as torchvision's argmax. The largest
-    bin sets the window read for every bin (one host sync).
+    bin sets the window read for every bin (one host sync), and the scan over it is a Python loop
+    of that many elementwise steps.
     """
     rois = as_rois(boxes, input)
     _check_feature_map(input, rois, "roi_pool")
@@ -170,10 +171,15 @@ def roi_pool(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.0
     index = pixel_index(image, y, x, inside, height, width, n * height * width)
     bins = k * pooled_h * pooled_w
     window = input_rows(input, fill=float("-inf")).index_select(0, index.reshape(-1)).view(bins, -1, c)
-    first_max = window.argmax(dim=1, keepdim=True)  # argmax returns the first of equal maxima
-    peak = window.gather(1, first_max).view(k, pooled_h, pooled_w, c)
-    empty = ((stop_h <= first_h)[:, :, None] | (stop_w <= first_w)[:, None, :]).unsqueeze(-1)
+    # torchvision's scan: start below every finite value, keep a value only when strictly greater,
+    # so the first of equal maxima wins (and gets the gradient) and NaN never does. Each where()
+    # routes the gradient to the one value it kept.
+    peak = torch.full((bins, c), -torch.finfo(torch.float32).max, dtype=input.dtype, device=input.device)
+    for value in window.unbind(1):
+        peak = torch.where(value > peak, value, peak)
+    empty = ((stop_h <= first_h)[:, :, None] | (stop_w <= first_w)[:, None, :]).reshape(bins, 1)
     peak = torch.where(empty, torch.zeros((), dtype=peak.dtype, device=peak.device), peak)
+    peak = peak.view(k, pooled_h, pooled_w, c)
     return peak.permute(0, 3, 1, 2).contiguous()
 
 
