@@ -114,6 +114,18 @@ def test_roi_align_matches_native(aligned, sampling_ratio, spatial_scale, dtype)
                         (feature_map(dtype),))
 
 
+def test_roi_align_reads_no_sample_it_does_not_use():
+    """Pixels that only a small box's unused samples reach (past its grid, which the large box
+    sets) are never read: an inf there must not turn the small box's bins into NaN."""
+    features = feature_map(torch.float64).detach()
+    features[0, :, 8:, :] = float("inf")
+    features.requires_grad_()
+    boxes = torch.tensor([[0, 0.0, 0.0, 24.0, 24.0], [0, 11.0, 11.0, 12.0, 12.0]], dtype=torch.float64)
+    assert_twin_matches(lambda x: tvo.roi_align(x, boxes, 2, 0.5)[1], lambda x: roi_align(x, boxes, 2, 0.5)[1],
+                        (features,))
+    assert roi_align(features, boxes, 2, 0.5)[1].isfinite().all()
+
+
 def test_roi_align_takes_a_list_of_boxes_per_image():
     boxes = torch.tensor(BOXES, dtype=torch.float64)
     per_image = [boxes[boxes[:, 0] == i, 1:] for i in range(2)]

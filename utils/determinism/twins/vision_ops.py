@@ -43,10 +43,10 @@ def as_rois(boxes, input: torch.Tensor) -> torch.Tensor:
 
 
 def _roi_align_axis(start, bin_size, grid, pooled: int, most: int, size: int) -> tuple:
-    """Sample points of one axis, ``(K, pooled, most)``: ``(low, high, weight_low, weight_high)``.
+    """Sample points of one axis, each ``(K, pooled, most)``: ``(used, (low, high), (weight_low, weight_high))``.
 
     ``grid`` holds each box's number of samples per bin (``(K,)``); points past it, and points
-    further than one pixel outside the map, get weight 0, as in torchvision's kernel.
+    further than one pixel outside the map, are not ``used`` and weigh 0, as in torchvision's kernel.
     """
     bins = torch.arange(pooled, device=start.device, dtype=start.dtype).view(1, -1, 1)
     steps = torch.arange(most, device=start.device, dtype=start.dtype).view(1, 1, -1) + 0.5
@@ -60,9 +60,8 @@ def _roi_align_axis(start, bin_size, grid, pooled: int, most: int, size: int) ->
     high = torch.where(at_edge, size - 1, low + 1)
     point = torch.where(at_edge, low.to(point.dtype), point)
     weight_high = point - low
-    weight_low = 1 - weight_high
     zero = torch.zeros((), dtype=point.dtype, device=point.device)
-    return low, high, torch.where(used, weight_low, zero), torch.where(used, weight_high, zero)
+    return used, (low, high), (torch.where(used, 1 - weight_high, zero), torch.where(used, weight_high, zero))
 
 
 def _grid_counts(extent: torch.Tensor, pooled: int, sampling_ratio: int) -> torch.Tensor:
@@ -110,19 +109,18 @@ def roi_align(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.
     bin_h, bin_w = extent_h / pooled_h, extent_w / pooled_w
     grid_h, grid_w = _grid_counts(extent_h, pooled_h, sampling_ratio), _grid_counts(extent_w, pooled_w, sampling_ratio)
     k = len(rois)
-    y_low, y_high, wy_low, wy_high = _roi_align_axis(start_h, bin_h, grid_h, pooled_h, _largest(grid_h), height)
-    x_low, x_high, wx_low, wx_high = _roi_align_axis(start_w, bin_w, grid_w, pooled_w, _largest(grid_w), width)
-
-    def grid(t, axis):  # (K, pooled, most) of one axis -> (K, pooled_h, pooled_w, most_h, most_w)
-        return t[:, :, None, :, None] if axis == "y" else t[:, None, :, None, :]
-
+    y_used, y_rows, y_weights = _roi_align_axis(start_h, bin_h, grid_h, pooled_h, _largest(grid_h), height)
+    x_used, x_cols, x_weights = _roi_align_axis(start_w, bin_w, grid_w, pooled_w, _largest(grid_w), width)
+    # broadcast to (K, pooled_h, pooled_w, samples_h, samples_w)
+    y_used, x_used = y_used[:, :, None, :, None], x_used[:, None, :, None, :]
     image = rois[:, 0].long().view(-1, 1, 1, 1, 1)
     indices, weights = [], []
-    for y, wy in ((y_low, wy_low), (y_high, wy_high)):
-        for x, wx in ((x_low, wx_low), (x_high, wx_high)):
-            indices.append(pixel_index(image, grid(y, "y"), grid(x, "x"), torch.ones((), dtype=torch.bool,
-                                       device=input.device), height, width, n * height * width))
-            weights.append(grid(wy, "y") * grid(wx, "x"))
+    for row, weight_y in zip(y_rows, y_weights):
+        for col, weight_x in zip(x_cols, x_weights):  # the kernel's corner order: hy*hx, hy*lx, ly*hx, ly*lx
+            # unused samples read the zeros row: torchvision never reads them, even where they are not finite
+            indices.append(pixel_index(image, row[:, :, None, :, None], col[:, None, :, None, :], y_used & x_used,
+                                       height, width, n * height * width))
+            weights.append(weight_y[:, :, None, :, None] * weight_x[:, None, :, None, :])
     bins = k * pooled_h * pooled_w
     index = torch.stack(indices, dim=-1).reshape(bins, -1)
     weight = torch.stack(weights, dim=-1).reshape(bins, 1, -1)
