@@ -241,6 +241,30 @@ def test_deform_conv2d_refuses_mismatched_shapes(change, words):
         deform_conv2d(**arguments)
 
 
+@pytest.mark.parametrize("name", ("grid_sample", "roi_align", "roi_pool", "deform_conv2d"))
+def test_twins_under_bfloat16_autocast(name):
+    """Under autocast (half-precision features, float32 grids, boxes and offsets) each twin runs,
+    returns the dtype torchvision's and aten's autocast rules give, and stays within bfloat16
+    rounding of the float32 native op."""
+    features = torch.randn((2, 4, 9, 10), generator=generator(12))
+    boxes = torch.tensor(BOXES)
+    grid = sampling_grid(2, 4, 5, torch.float32, seed=13).detach()
+    offset = torch.randn((2, 18, 9, 10), generator=generator(14))
+    weight = torch.randn((3, 4, 3, 3), generator=generator(15))
+    calls = {"grid_sample": (lambda op, x: op(x, grid, align_corners=False), F.grid_sample, grid_sample,
+                             torch.float32),
+             "roi_align": (lambda op, x: op(x, boxes, 3, 0.5), tvo.roi_align, roi_align, torch.bfloat16),
+             "roi_pool": (lambda op, x: op(x, boxes, 3, 0.5), tvo.roi_pool, roi_pool, torch.bfloat16),
+             "deform_conv2d": (lambda op, x: op(x, offset, weight, padding=1), tvo.deform_conv2d, deform_conv2d,
+                               torch.bfloat16)}
+    call, native, twin, dtype = calls[name]
+    expected = call(native, features)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = call(twin, features.bfloat16())
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.03 * expected.abs().max().item())
+
+
 # ----------------------------------------------------------------------------- determinism and the audit
 
 

@@ -65,9 +65,8 @@ def _check_arguments(input: torch.Tensor, grid: torch.Tensor, mode: str, padding
     if grid.dim() != 4 or grid.shape[-1] != 2 or grid.shape[0] != input.shape[0]:
         raise ValueError(f"grid_sample twin: grid must be (N, H_out, W_out, 2) with N={input.shape[0]}, "
                          f"got {tuple(grid.shape)}")
-    if not (input.is_floating_point() and grid.dtype == input.dtype):
-        raise ValueError(f"grid_sample twin: input and grid must share one floating dtype, "
-                         f"got {input.dtype} and {grid.dtype}")
+    if not (input.is_floating_point() and grid.is_floating_point()):
+        raise ValueError(f"grid_sample twin: input and grid must be floating, got {input.dtype} and {grid.dtype}")
 
 
 def _reflect(coord: torch.Tensor, twice_low: int, twice_high: int) -> torch.Tensor:
@@ -122,6 +121,8 @@ def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     'border' or 'reflection'; ``align_corners`` as in ``F.grid_sample`` (default False, not None).
     """
     _check_arguments(input, grid, mode, padding_mode)
+    dtype = torch.promote_types(input.dtype, grid.dtype)  # as autocast runs the native op
+    input, grid = input.to(dtype), grid.to(dtype)
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
     rows = input_rows(input)

@@ -25,21 +25,23 @@ def _pair(value, name: str) -> tuple:
 def as_rois(boxes, input: torch.Tensor) -> torch.Tensor:
     """torchvision's boxes (``Tensor[K, 5]`` or a list of ``Tensor[L, 4]``, one per image) -> ``(K, 5)``.
 
-    Column 0 is the image index; the result is detached and in ``input``'s dtype.
+    Column 0 is the image index; the result is detached, in ``input``'s dtype and at least float32
+    (box geometry in half precision would be off by pixels, and under autocast torchvision computes
+    in float32 too).
     """
+    dtype = torch.promote_types(input.dtype, torch.float32)
     if isinstance(boxes, torch.Tensor):
         if boxes.dim() != 2 or boxes.shape[1] != 5:
             raise ValueError(f"boxes: a Tensor must be [K, 5] (image index, x1, y1, x2, y2), got {tuple(boxes.shape)}")
-        return boxes.detach().to(input.dtype)
+        return boxes.detach().to(device=input.device, dtype=dtype)
     if not isinstance(boxes, (list, tuple)) or not all(isinstance(b, torch.Tensor) for b in boxes):
         raise ValueError("boxes: give a Tensor[K, 5] or a list of Tensor[L, 4], one per image")
     if any(b.dim() != 2 or b.shape[1] != 4 for b in boxes):
         raise ValueError(f"boxes: each Tensor of the list must be [L, 4], got {[tuple(b.shape) for b in boxes]}")
     if not boxes:
-        return input.new_zeros((0, 5))
-    image = torch.cat([torch.full((len(b), 1), i, dtype=input.dtype, device=input.device)
-                       for i, b in enumerate(boxes)])
-    return torch.cat([image, torch.cat(list(boxes)).detach().to(input.dtype)], dim=1)
+        return input.new_zeros((0, 5), dtype=dtype)
+    image = torch.cat([torch.full((len(b), 1), i, dtype=dtype, device=input.device) for i, b in enumerate(boxes)])
+    return torch.cat([image, torch.cat(list(boxes)).detach().to(device=input.device, dtype=dtype)], dim=1)
 
 
 def _roi_align_axis(start, bin_size, grid, pooled: int, most: int, size: int) -> tuple:
@@ -123,7 +125,7 @@ def roi_align(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.
             weights.append(weight_y[:, :, None, :, None] * weight_x[:, None, :, None, :])
     bins = k * pooled_h * pooled_w
     index = torch.stack(indices, dim=-1).reshape(bins, -1)
-    weight = torch.stack(weights, dim=-1).reshape(bins, 1, -1)
+    weight = torch.stack(weights, dim=-1).reshape(bins, 1, -1).to(input.dtype)
     samples = input_rows(input).index_select(0, index.reshape(-1)).view(bins, index.shape[1], c)
     count = (grid_h * grid_w).clamp(min=1).to(input.dtype).repeat_interleave(pooled_h * pooled_w).view(-1, 1)
     pooled = torch.bmm(weight, samples).view(bins, c) / count
@@ -159,8 +161,8 @@ def roi_pool(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.0
     pooled_h, pooled_w = _pair(output_size, "output_size")
     n, c, height, width = input.shape
     corners = _round_half_away(rois[:, 1:] * spatial_scale).long()
-    first_h, stop_h = _roi_pool_windows(corners[:, 1], corners[:, 3], pooled_h, height, input.dtype)
-    first_w, stop_w = _roi_pool_windows(corners[:, 0], corners[:, 2], pooled_w, width, input.dtype)
+    first_h, stop_h = _roi_pool_windows(corners[:, 1], corners[:, 3], pooled_h, height, rois.dtype)
+    first_w, stop_w = _roi_pool_windows(corners[:, 0], corners[:, 2], pooled_w, width, rois.dtype)
     k = len(rois)
     y = first_h[:, :, None, None, None] + torch.arange(_largest(stop_h - first_h), device=input.device).view(-1, 1)
     x = first_w[:, None, :, None, None] + torch.arange(_largest(stop_w - first_w), device=input.device)
@@ -169,10 +171,12 @@ def roi_pool(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.0
     index = pixel_index(image, y, x, inside, height, width, n * height * width)
     bins = k * pooled_h * pooled_w
     window = input_rows(input, fill=float("-inf")).index_select(0, index.reshape(-1)).view(bins, -1, c)
-    # torchvision's scan: start below every finite value, keep a value only when strictly greater,
-    # so the first of equal maxima wins (and gets the gradient) and NaN never does. Each where()
-    # routes the gradient to the one value it kept.
-    peak = torch.full((bins, c), -torch.finfo(torch.float32).max, dtype=input.dtype, device=input.device)
+    # torchvision's scan: start at -FLT_MAX (-inf in half precision, where it overflows), keep a
+    # value only when strictly greater, so the first of equal maxima wins (and gets the gradient)
+    # and NaN never does. Each where() routes the gradient to the one value it kept.
+    float_max = torch.finfo(torch.float32).max
+    start = -float_max if torch.finfo(input.dtype).max >= float_max else float("-inf")
+    peak = torch.full((bins, c), start, dtype=input.dtype, device=input.device)
     for value in window.unbind(1):
         peak = torch.where(value > peak, value, peak)
     empty = ((stop_h <= first_h)[:, :, None] | (stop_w <= first_w)[:, None, :]).reshape(bins, 1)
@@ -218,8 +222,10 @@ def _deform_columns(input, offset, mask, kernel: tuple, stride: tuple, padding: 
         (tap // kernel[1] * dilation[0]).view(-1, 1, 1)
     base_x = (torch.arange(out_w, device=input.device) * stride[1] - padding[1]) + \
         (tap % kernel[1] * dilation[1]).view(-1, 1, 1)
-    y = base_y.to(input.dtype) + shifts[:, :, :, 0]  # (N, offset_groups, taps, H_out, W_out)
-    x = base_x.to(input.dtype) + shifts[:, :, :, 1]
+    # positions at least in float32, as torchvision's autocast computes (half is off by pixels)
+    dtype = torch.promote_types(offset.dtype, torch.float32)
+    y = base_y.to(dtype) + shifts[:, :, :, 0]  # (N, offset_groups, taps, H_out, W_out)
+    x = base_x.to(dtype) + shifts[:, :, :, 1]
     image = (torch.arange(n, device=input.device).view(-1, 1) * offset_groups +
              torch.arange(offset_groups, device=input.device)).view(n, offset_groups, 1, 1, 1)
     # torchvision reads nothing for a point one pixel or more outside the map: all corners -> zeros row
@@ -234,7 +240,7 @@ def _deform_columns(input, offset, mask, kernel: tuple, stride: tuple, padding: 
         samples = term if samples is None else samples + term
     if mask is not None:
         samples = mask.reshape(-1, 1) * samples
-    return samples.view(n, offset_groups, taps, out_h, out_w, group_channels)
+    return samples.to(input.dtype).view(n, offset_groups, taps, out_h, out_w, group_channels)
 
 
 def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
