@@ -25,7 +25,7 @@ import torchvision.ops as tvo
 from benchmarks.cli import parse_checked, parser_for
 from utils.determinism.twins.sampling import grid_sample
 from utils.determinism.twins.vision_ops import deform_conv2d, roi_align, roi_pool
-from utils.errors import exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.options import OptionRules
 
 MIB = 2 ** 20
@@ -156,10 +156,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parse_checked(parser, RULES, argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"ERROR: --device {args.device}: no CUDA device is available; use --device cpu")
-        return 2
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UserError(f"--device {args.device}: not a device; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        raise UserError(f"--device {args.device}: no such device here; use --device cpu, or cuda on a GPU machine")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, device {device}, {args.threads} thread(s), median of {args.reps}; "
           "columns: native, twin, twin/native")
