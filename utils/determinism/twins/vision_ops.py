@@ -172,13 +172,18 @@ def roi_pool(input: torch.Tensor, boxes, output_size, spatial_scale: float = 1.0
     bins = k * pooled_h * pooled_w
     window = input_rows(input, fill=float("-inf")).index_select(0, index.reshape(-1)).view(bins, -1, c)
     # torchvision's scan: start at -FLT_MAX (-inf in half precision, where it overflows), keep a
-    # value only when strictly greater, so the first of equal maxima wins (and gets the gradient)
-    # and NaN never does. Each where() routes the gradient to the one value it kept.
+    # value only when strictly greater, so the first of equal maxima wins and NaN never does. The
+    # scan runs on values only; one gather of the winners carries the gradient (to them alone).
     float_max = torch.finfo(torch.float32).max
     start = -float_max if torch.finfo(input.dtype).max >= float_max else float("-inf")
-    peak = torch.full((bins, c), start, dtype=input.dtype, device=input.device)
-    for value in window.unbind(1):
-        peak = torch.where(value > peak, value, peak)
+    best = torch.full((bins, c), start, dtype=input.dtype, device=input.device)
+    winner = torch.zeros((bins, c), dtype=torch.long, device=input.device)
+    for position, value in enumerate(window.detach().unbind(1)):
+        better = value > best
+        best = torch.where(better, value, best)
+        winner = winner.masked_fill(better, position)
+    found = best > start
+    peak = torch.where(found, window.gather(1, winner.unsqueeze(1)).squeeze(1), start)
     empty = ((stop_h <= first_h)[:, :, None] | (stop_w <= first_w)[:, None, :]).reshape(bins, 1)
     peak = torch.where(empty, torch.zeros((), dtype=peak.dtype, device=peak.device), peak)
     peak = peak.view(k, pooled_h, pooled_w, c)
