@@ -26,6 +26,9 @@ from torch.overrides import TorchFunctionMode
 from utils.determinism.twins.interpolation import interpolate, sizes_and_scales, twinned
 from utils.determinism.twins.pooling import (adaptive_avg_pool2d, adaptive_avg_pool3d, adaptive_max_pool2d,
                                              adaptive_max_pool3d)
+from utils.determinism.twins.sampling import grid_sample
+from utils.determinism.twins.torchvision_routes import deform_conv2d_routes, roi_align_routes, roi_pool_routes
+from utils.determinism.twins.vision_ops import deform_conv2d, roi_align, roi_pool
 
 NATIVE = object()  # an adapter's answer: let the native function compute this call
 
@@ -64,6 +67,12 @@ def _avg_pool_1d(input, output_size):
     """Twin of ``F.adaptive_avg_pool1d`` ``(N, C, L)``: the 2-D twin on ``(N, C, 1, L)``."""
     size = output_size if isinstance(output_size, int) else output_size[0]
     return adaptive_avg_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
+
+
+def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    if input.dim() != 4 or mode not in ("bilinear", "nearest"):  # 5-D and bicubic stay native (and stay flagged)
+        return NATIVE
+    return grid_sample(input, grid, mode, padding_mode, bool(align_corners))
 
 
 def _area(twin, spatial: int):
@@ -110,6 +119,11 @@ TWINS = (
                          "upsample_trilinear3d_backward", "_upsample_bilinear2d_aa_backward",
                          "_upsample_bicubic2d_aa_backward"),
          ((F.interpolate, _interpolate),)),
+    Twin("grid_sample", ("grid_sampler_2d_backward", "cudnn_grid_sampler_backward"),
+         ((F.grid_sample, _grid_sample),)),
+    Twin("deform_conv2d", ("_deform_conv2d_backward", "deform_conv2d"), deform_conv2d_routes(deform_conv2d)),
+    Twin("roi_align", ("_roi_align_backward", "roi_align"), roi_align_routes(roi_align)),
+    Twin("roi_pool", ("_roi_pool_backward", "roi_pool"), roi_pool_routes(roi_pool)),
 )
 
 
