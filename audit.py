@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:
 from models.yolo import Model  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
-from utils.options import OneLineErrorParser  # noqa: E402
+from utils.options import OneLineErrorParser, add_modules_flag  # noqa: E402
+from utils.user_modules import load_user_modules  # noqa: E402
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 
@@ -39,6 +40,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
     parser.add_argument("--imgsz", type=int, default=256, help="square input size in pixels")
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
     parser.add_argument("--batch-size", type=int, default=2, help="audit batch size (at least 2)")
+    add_modules_flag(parser)
     opt = parser.parse_args(argv)
     if not opt.cfg:
         raise UserError("--cfg is required: the model YAML to audit, e.g. --cfg models/ffca-yolo.yaml")
@@ -54,6 +56,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
 
 def run_audit(opt: argparse.Namespace) -> AuditReport:
     """Build the model from ``--cfg`` on ``--device`` and audit one training step."""
+    load_user_modules(opt.modules)
     device = select_device(opt.device)
     model = Model(opt.cfg).to(device)
     stride = int(model.stride.max())

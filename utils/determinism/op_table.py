@@ -301,8 +301,8 @@ for _row in NONDETERMINISTIC_OPS + TORCHVISION_OPS:
 
 
 def known_op(func) -> bool:
-    """True when the table answers for ``func`` (an OpOverload): aten, prims and profiler ops, and torchvision's ops
-    it has rows for or knows to be deterministic."""
+    """True when the table answers for ``func`` (an OpOverload): aten, prims and profiler ops, and the
+    torchvision ops it has rows for or knows to be deterministic."""
     name = func.overloadpacket.__name__
     return func.namespace in KNOWN_NAMESPACES or (
         func.namespace == "torchvision" and (name in TORCHVISION_CLEAN or ("torchvision", name) in _ROWS_BY_OP))
