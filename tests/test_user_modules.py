@@ -162,5 +162,6 @@ def test_a_broken_modules_file_stops_train_py_with_one_line_and_exit_2(tmp_path,
                "--device", "cpu", "--modules", broken)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
-    assert lines[0].startswith(f"ERROR: --modules {broken}: importing it failed at line 3 (TypeError: ")
+    assert lines[0].startswith(f"ERROR: --modules {broken}: importing it failed at line 3 (")
+    assert lines[0].endswith("fix the file or leave the flag out")
     assert not list(tmp_path.glob("exp*"))  # stopped before a run folder was made
