@@ -165,3 +165,33 @@ def test_a_broken_modules_file_stops_train_py_with_one_line_and_exit_2(tmp_path,
     assert lines[0].startswith(f"ERROR: --modules {broken}: importing it failed at line 3 (")
     assert lines[0].endswith("fix the file or leave the flag out")
     assert not list(tmp_path.glob("exp*"))  # stopped before a run folder was made
+
+
+def test_every_entry_script_takes_modules_repeatable():
+    import audit
+    import detect
+    import export
+    import train
+    import val
+
+    parsed = {"train": train.parse_opt(["--modules", "a.py", "--modules", "b.py"]),
+              "val": val.build_parser().parse_args(["--weights", "w.pt", "--data", "d.yaml", "--modules", "a.py",
+                                                    "--modules", "b.py"]),
+              "export": export.parse_opt(["--weights", "w.pt", "--modules", "a.py", "--modules", "b.py"])}
+    assert all(opt.modules == ["a.py", "b.py"] for opt in parsed.values())
+    with pytest.raises(UserError, match="--source"):  # detect parses --modules, then wants its --source
+        detect.parse_opt(["--weights", "w.pt", "--modules", "a.py"])
+    assert audit.main(["--cfg", str(TINY), "--modules", "missing_blocks.py"]) == audit.EXIT_BAD_ARGUMENTS
+    assert "modules" in train.RESUME_MAY_DIFFER
+
+
+@pytest.mark.slow
+def test_audit_py_audits_a_model_with_a_user_block(tmp_path, capsys):
+    import audit
+
+    blocks = write_block(tmp_path, "UserGateAudited")
+    code = audit.main(["--cfg", str(write_cfg(tmp_path, "UserGateAudited")), "--imgsz", "64",
+                       "--modules", str(blocks)])
+    out = capsys.readouterr().out
+    assert code == audit.EXIT_CLEAN, out
+    assert "Result: clean" in out
