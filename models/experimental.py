@@ -10,7 +10,8 @@ from torch import nn
 from models.yolo import Model, unregistered_blocks
 from utils.training.checkpoints import inference_weights, load_checkpoint
 from utils.errors import UserError
-from utils.user_modules import missing_blocks_message, recorded_files
+from utils.logging import LOGGER
+from utils.user_modules import changed_files, missing_blocks_message, recorded_files
 
 TTA_SCALES = (1.0, 0.83, 0.67)
 TTA_FLIPS = (None, 3, None)  # 3 = flip left-right (the width axis of NCHW)
@@ -42,10 +43,12 @@ def check_fit(model, state, path):
 
 def check_blocks_registered(ckpt: dict, cfg: dict, source) -> None:
     """One-line UserError naming the ``--modules`` file(s) to pass when ``cfg`` (the checkpoint ``ckpt``'s
-    model YAML) uses blocks that are not registered in this process."""
+    model YAML) uses blocks that are not registered in this process; a warning for a file that changed."""
     missing = unregistered_blocks(cfg) if isinstance(cfg, dict) else []
     if missing:
         raise UserError(missing_blocks_message(str(source), missing, recorded_files(ckpt)))
+    for line in changed_files(ckpt):
+        LOGGER.warning(f"{source}: {line}")
 
 
 def stored_model(ckpt: dict, state: dict, path):

@@ -121,6 +121,24 @@ def test_a_checkpoint_with_unregistered_blocks_names_the_file_to_pass(tmp_path):
         load_one(weights)
 
 
+def test_a_block_file_that_changed_since_training_is_warned_about(tmp_path, log_lines):
+    blocks = write_block(tmp_path, "UserGateChanged", file="changed_blocks.py")
+    load_user_modules([str(blocks)])
+    model = Model(str(write_cfg(tmp_path, "UserGateChanged")))
+    weights = tmp_path / "best.pt"
+    save_checkpoint({"model_cfg": model.yaml, "nc": 2, "model": model.state_dict(),
+                     CHECKPOINT_KEY: [{"file": "changed_blocks.py", "sha256": "0" * 64}]}, weights)
+    load_one(weights)  # the blocks are registered and fit: it loads, with a warning
+    assert any("changed_blocks.py: not the file the checkpoint was trained with" in line and "000000000000" in line
+               for line in log_lines)
+    log_lines.clear()
+    ckpt = load_checkpoint(weights)
+    ckpt[CHECKPOINT_KEY] = loaded_module_records()
+    save_checkpoint(ckpt, weights)
+    load_one(weights)
+    assert not any("not the file the checkpoint was trained with" in line for line in log_lines)
+
+
 # ----------------------------------------------------------------------------- end to end
 
 

@@ -96,3 +96,14 @@ def missing_blocks_message(source: str, blocks: list, records: list) -> str:
                 f"{digests}: pass {files}")
     return (f"{source}: the model uses blocks that are not registered ({names}); pass --modules FILE.py with "
             "the file that registers them with @register_module")
+
+
+def changed_files(ckpt: dict) -> list:
+    """Lines for each file the checkpoint records whose name only files with another SHA-256 loaded now carry."""
+    loaded: dict = {}
+    for entry in _loaded.values():
+        loaded.setdefault(entry["file"], set()).add(entry["sha256"])
+    return [f"--modules {r['file']}: not the file the checkpoint was trained with (SHA-256 "
+            f"{', '.join(sorted(d[:12] for d in loaded[r['file']]))}, recorded {r['sha256'][:12]}); its blocks "
+            "load if their parameters still fit"
+            for r in recorded_files(ckpt) if r["file"] in loaded and r["sha256"] not in loaded[r["file"]]]
