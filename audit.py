@@ -4,7 +4,7 @@ Usage:
     python audit.py --cfg models/ffca-yolo.yaml --imgsz 256          # exit 0: clean
     python audit.py --cfg my-model.yaml --device 0 --batch-size 4     # exit 1: findings listed
 
-Exit codes: 0 clean, 1 findings, 2 bad arguments (one ``ERROR:`` line), 3 the audit itself could
+Exit codes: 0 clean, 1 findings or ops not verified, 2 bad arguments (one ``ERROR:`` line), 3 the audit itself could
 not run (one ``ERROR:`` line saying why).
 The audit runs one training step (forward, ComputeLoss on crowded synthetic targets, backward,
 optimizer step, EMA update) with the loss gains of data/hyps/hyp.scratch-low.yaml; see

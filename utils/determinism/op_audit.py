@@ -5,7 +5,8 @@ optimizer step and the EMA update) on deep copies of a model, records every aten
 ``TorchDispatchMode`` and matches it against the op table (``utils/determinism/op_table.py``) of
 the ops PyTorch throws for under ``torch.use_deterministic_algorithms(True)``. Each finding names
 its op, its phase, the devices where it throws and the innermost module (or ``loss``,
-``optimizer``, ``ema``) that issued it.
+``optimizer``, ``ema``) that issued it. torchvision's detection ops have rows too; an op of any
+other library is listed as not verified (:attr:`AuditReport.unverified`), so it is never clean.
 
 A CPU audit predicts CUDA too, from a second trace on the ``meta`` device that takes CUDA's
 branches (``utils/determinism/cuda_trace.py``): torch's Python code branches on ``input.is_cpu``
