@@ -19,7 +19,7 @@ from models.experimental import load_one
 from models.yolo import Model, resolve_module, unregistered_blocks
 from utils.errors import UserError
 from utils.training.checkpoints import load_checkpoint, save_checkpoint
-from utils.user_modules import CHECKPOINT_KEY, load_user_modules, loaded_module_records
+from utils.user_modules import CHECKPOINT_KEY, load_user_modules, module_records
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "models" / "tiny.yaml"
@@ -67,7 +67,7 @@ def test_a_module_file_registers_its_blocks_once_and_is_recorded(tmp_path):
     assert resolve_module("UserGateOnce") is not None
     assert records == [{"file": "blocks.py", "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}]
     assert load_user_modules([str(path)]) == records  # imported once: no 'already registered' on a second call
-    assert records[0] in loaded_module_records()
+    assert module_records([str(path)]) == records and module_records([str(tmp_path / "other.py")]) == []
     model = Model(str(write_cfg(tmp_path, "UserGateOnce")))
     assert type(model.model[21]).__name__ == "UserGate"
 
@@ -133,7 +133,7 @@ def test_a_block_file_that_changed_since_training_is_warned_about(tmp_path, log_
                for line in log_lines)
     log_lines.clear()
     ckpt = load_checkpoint(weights)
-    ckpt[CHECKPOINT_KEY] = loaded_module_records()
+    ckpt[CHECKPOINT_KEY] = module_records([str(blocks)])
     save_checkpoint(ckpt, weights)
     load_one(weights)
     assert not any("not the file the checkpoint was trained with" in line for line in log_lines)
@@ -156,8 +156,8 @@ def test_train_then_val_and_detect_with_and_without_modules(tmp_path, shapes_dat
                     modules=[str(blocks)])
     weights = run / "weights" / "last.pt"
     ckpt = torch.load(weights, weights_only=True)
-    assert {"file": "gate_blocks.py", "sha256": hashlib.sha256(blocks.read_bytes()).hexdigest()} \
-        in ckpt[CHECKPOINT_KEY]
+    digest = hashlib.sha256(blocks.read_bytes()).hexdigest()
+    assert ckpt[CHECKPOINT_KEY] == [{"file": "gate_blocks.py", "sha256": digest}]  # this run's files only
     images = Path(yaml.safe_load(shapes_data.read_text())["path"]) / "images" / "val"
     common = {"val.py": ("--data", shapes_data, "--imgsz", 64, "--batch-size", 4, "--workers", 0),
               "detect.py": ("--source", images, "--imgsz", 64, "--nosave")}

@@ -6,7 +6,7 @@ imported before any model is built, so the blocks it decorates with ``@register_
 imported once per process, under a module name of its own (``ffca_user_modules.<stem>_<digest>``),
 so two files with the same name do not replace each other. A file that fails to import is one
 UserError line naming the file, the line and the error. Checkpoints record each loaded file's name
-and SHA-256 (:func:`loaded_module_records`); a checkpoint whose blocks are not registered names the
+and SHA-256 (:func:`module_records`); a checkpoint whose blocks are not registered names the
 file to pass (:func:`missing_blocks_message`).
 """
 
@@ -72,9 +72,12 @@ def load_user_modules(paths) -> list:
     return records
 
 
-def loaded_module_records() -> list:
-    """``[{"file": name, "sha256": hex}]`` of every ``--modules`` file imported in this process (for checkpoints)."""
-    return [{"file": entry["file"], "sha256": entry["sha256"]} for entry in _loaded.values()]
+def module_records(paths) -> list:
+    """``[{"file": name, "sha256": hex}]`` of the ``--modules`` files ``paths`` imported in this process (for a
+    run's checkpoints: the files its own options name, not every file the process has imported)."""
+    resolved = [Path(value).expanduser().resolve() for value in ([paths] if isinstance(paths, (str, Path))
+                                                                 else list(paths or ()))]
+    return [{"file": _loaded[path]["file"], "sha256": _loaded[path]["sha256"]} for path in resolved if path in _loaded]
 
 
 def recorded_files(ckpt: dict) -> list:
