@@ -12,7 +12,8 @@ some of those choices.
   torch release being predicted is older than the branch (:data:`PYTHON_BRANCHES`).
 - C++ branches to cuDNN, which meta never takes: ``grid_sampler`` runs cuDNN's sampler for 4-D
   bilinear, zero-padded, ``align_corners=True`` input, and ``ctc_loss`` runs cuDNN's CTC (with
-  ``deterministic=true``) for the inputs ``_use_cudnn_ctc_loss`` accepts. :class:`CudaBranchTensor`
+  ``deterministic=true``) for the inputs ``_use_cudnn_ctc_loss`` accepts: lengths as tensors by its
+  Tensor rule, and where that refuses them, read into lists, by its list rule (:func:`cudnn_ctc`). :class:`CudaBranchTensor`
   sends those calls to the cuDNN ops, for which :func:`cuda_branch_trace` registers shape-only meta
   kernels, so the trace records what CUDA runs.
 
