@@ -110,6 +110,8 @@ _library = torch.library.Library("ffca_test_user", "DEF")
 _library.define("blur(Tensor x) -> Tensor")
 _library.impl("blur", lambda x: (x + x.roll(1, -1)) / 2, "CompositeExplicitAutograd")
 _library.impl("blur", lambda x: torch.empty_like(x), "Meta")
+_library.define("sharpen(Tensor x) -> Tensor")  # no meta kernel
+_library.impl("sharpen", lambda x: 2 * x - x.roll(1, -1), "CPU")
 
 
 class UserBlur(nn.Module):
@@ -127,6 +129,16 @@ def test_a_user_library_op_is_not_verified_and_never_clean():
     assert {(u["op"], u["phase"]) for u in report.unverified} == {("ffca_test_user::blur", "forward")}
     assert "not verified: ffca_test_user::blur" in report.format() and "Result: not verified" in report.format()
     assert AuditReport.from_dict(report.to_dict()).unverified == report.unverified
+
+
+def test_an_op_without_a_meta_kernel_is_named_where_the_cuda_prediction_falls_back():
+    class UserSharpen(UserBlur):
+        def forward(self, x):
+            return torch.ops.ffca_test_user.sharpen(self.conv(x).detach()) + self.conv(x)
+
+    report = audit_model(UserSharpen(), imgsz=8, ch=4)
+    assert report.cuda_trace.startswith("cpu (meta has no kernel: ffca_test_user::sharpen")
+    assert [u["op"] for u in report.unverified] == ["ffca_test_user::sharpen"] and not report.clean
 
 
 def test_strict_refuses_an_unverified_op_and_scoped_warns_and_records_it(log_lines):
