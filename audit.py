@@ -4,7 +4,7 @@ Usage:
     python audit.py --cfg models/ffca-yolo.yaml --imgsz 256          # exit 0: clean
     python audit.py --cfg my-model.yaml --device 0 --batch-size 4     # exit 1: findings listed
 
-Exit codes: 0 clean, 1 findings, 2 bad arguments (one ``ERROR:`` line), 3 the audit itself could
+Exit codes: 0 clean, 1 findings or ops not verified, 2 bad arguments (one ``ERROR:`` line), 3 the audit itself could
 not run (one ``ERROR:`` line saying why).
 The audit runs one training step (forward, ComputeLoss on crowded synthetic targets, backward,
 optimizer step, EMA update) with the loss gains of data/hyps/hyp.scratch-low.yaml; see
@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:
 from models.yolo import Model  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.files import yaml_load  # noqa: E402
-from utils.options import OneLineErrorParser  # noqa: E402
+from utils.options import OneLineErrorParser, add_modules_flag  # noqa: E402
+from utils.user_modules import load_user_modules  # noqa: E402
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss  # noqa: E402
 from utils.determinism.twins.plan import twinned_audit  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
@@ -42,6 +43,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
     parser.add_argument("--batch-size", type=int, default=2, help="audit batch size (at least 2)")
     add_version_flag(parser)
+    add_modules_flag(parser)
     opt = parser.parse_args(argv)
     if not opt.cfg:
         raise UserError("--cfg is required: the model YAML to audit, e.g. --cfg models/ffca-yolo.yaml")
@@ -58,6 +60,7 @@ def parse_opt(argv=None) -> argparse.Namespace:
 def run_audit(opt: argparse.Namespace) -> tuple:
     """Build the model from ``--cfg`` on ``--device`` and audit one training step; returns the report and
     the line saying what the deterministic twins of scoped and strict make of it (None when no twin applies)."""
+    load_user_modules(opt.modules)
     device = select_device(opt.device)
     model = Model(opt.cfg).to(device)
     stride = int(model.stride.max())

@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
 from models.experimental import tta_forward  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.user_modules import load_user_modules  # noqa: E402
 from utils.feature_maps import recorded_layer_outputs, save_feature_maps  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
 from utils.logging import LOGGER, log_speed_and_outputs  # noqa: E402
@@ -291,16 +292,16 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
         agnostic_nms=False, augment=False, project=ROOT / "runs/detect", name="exp", exist_ok=False,
         line_thickness=3, hide_labels=False, hide_conf=False, half=False, vid_stride=1, model=None,
         slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, batch_size=0,
-        visualize=False):
+        visualize=False, modules=()):
     """Detect objects in ``source`` and save annotated media, labels, crops and a CSV under project/name.
 
     ``model``: an already-loaded eval model (``weights`` and ``device`` are then ignored); see
     :func:`inference_model`. ``visualize``: each frame's feature maps, per layer, into a folder named like
-    its label file (utils/feature_maps.py).
-    ``slice_size`` > 0: sliced inference on each original frame (utils/slicing.py). ``batch_size``: consecutive
-    images or video frames of one letterboxed shape run through the model together (0: :func:`auto_batch_size`).
-    Returns the run folder.
+    its label file (utils/feature_maps.py). ``slice_size`` > 0: sliced inference on each original frame
+    (utils/slicing.py). ``batch_size``: consecutive images or video frames of one letterboxed shape run through the
+    model together (0: :func:`auto_batch_size`). ``modules``: as the ``--modules`` flag. Returns the run folder.
     """
+    load_user_modules(modules)
     check_options(argparse.Namespace(max_det=max_det, vid_stride=vid_stride, line_thickness=line_thickness,
                                      batch_size=batch_size), DETECT_VALUE_RULES)  # the CLI's rules, for detect.run
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok)

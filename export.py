@@ -33,10 +33,11 @@ from models.backends import (METADATA_KEYS, OPENVINO_FOLDER, OPENVINO_METADATA, 
                              TORCHSCRIPT_METADATA, load_backend)
 from models.experimental import attempt_load  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.user_modules import load_user_modules  # noqa: E402
 from utils.files import atomic_write_bytes, replace_folder  # noqa: E402
 from utils.logging import LOGGER, colorstr  # noqa: E402
 from utils.ops import check_img_size, is_positive_int, size_list  # noqa: E402
-from utils.options import EXPORT_UPSTREAM_FLAGS, OneLineErrorParser  # noqa: E402
+from utils.options import EXPORT_UPSTREAM_FLAGS, OneLineErrorParser, add_modules_flag  # noqa: E402
 from utils.torch_utils import select_device  # noqa: E402
 from utils.version import add_version_flag  # noqa: E402
 
@@ -237,8 +238,10 @@ def check_options(opt, device):
 
 
 def run(weights, imgsz=(640,), batch_size=1, include=("torchscript",), dynamic=False, simplify=False, opset=17,
-        half=False, device=""):
-    """Export ``weights`` to each format in ``include``; returns the written paths."""
+        half=False, device="", modules=()):
+    """Export ``weights`` to each format in ``include``; returns the written paths. ``modules``: ``--modules``
+    files whose registered blocks the checkpoint's model uses."""
+    load_user_modules(modules)
     include = [include] if isinstance(include, str) else list(include)  # "onnx" is one format, not four letters
     opt = argparse.Namespace(weights=weights, imgsz=size_list(imgsz), batch_size=batch_size, include=include,
                              dynamic=dynamic, simplify=simplify, half=half, opset=opset)
@@ -269,6 +272,7 @@ def parse_opt(argv=None):
     parser.add_argument("--half", action="store_true", help="FP16 export (CUDA --device only; not OpenVINO)")
     parser.add_argument("--device", default="cpu", help="cuda device, i.e. 0 or cpu")
     add_version_flag(parser)
+    add_modules_flag(parser)
     return parser.parse_args(argv)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import val as validate
-from models.experimental import attempt_load, check_fit, stored_model
+from models.experimental import attempt_load, check_blocks_registered, check_fit, stored_model
 from models.yolo import Model
 from utils.autoanchor import check_anchors
 from utils.autobatch import check_train_batch_size
@@ -41,6 +41,7 @@ from utils.rng_state import set_rng_state
 from utils.torch_utils import (MODES, configure_determinism, freeze_layers, grid_size, intersect_dicts,
                                prepare_cuda_environment, select_device)
 from utils.tracking import LOGGERS, check_loggers, start_tracking
+from utils.user_modules import load_user_modules
 from utils.training.amp import amp_for_run
 from utils.training.checkpoints import float_weights, inference_weights, load_checkpoint
 from utils.training.evolve import META, evolve
@@ -119,7 +120,8 @@ TRAIN_RULES = OptionRules(positive=("epochs", "imgsz"),
                           non_negative=("patience", "workers", "save_interval", "micro_batch"),
                           files=("cfg", "hyp", "weights"), choices=(("cache", (None, "ram", "disk")),),
                           repo_yamls=("cfg", "hyp", "data"))
-RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience", "nan_policy"}
+RESUME_MAY_DIFFER = {"device", "workers", "local_rank", "resume", "save_interval", "logger", "patience", "nan_policy",
+                     "modules"}
 # the rules of TRAIN_RULES on flags a resume may change (the checkpoint's own values passed them when it began)
 RESUME_RULES = OptionRules(non_negative=TRAIN_RULES.non_negative)
 
@@ -186,6 +188,7 @@ def build_model(opt, hyp: dict, nc: int, names: list, device, resume_ckpt):
     elif opt.weights:
         ckpt = load_checkpoint(opt.weights)
         cfg = opt.cfg or ckpt["model_cfg"]
+        check_blocks_registered(ckpt, cfg, f"--weights {opt.weights}")
         model = Model(cfg, ch=3, nc=nc, anchors=hyp.get("anchors")).to(device)
         source = inference_weights(ckpt, opt.weights)
         exclude = ["anchor"] if (opt.cfg or hyp.get("anchors")) else []
@@ -347,6 +350,7 @@ def main(opt, argv=None, callbacks: Callbacks | None = None):
     """Resolve options, set up devices (and DDP), then train or evolve (with the user's ``callbacks``)."""
     dist = dist_info_from_env(opt.local_rank)
     opt, resume_ckpt = resolve_options(opt, argv)
+    load_user_modules(opt.modules)  # a resumed run's own unless typed again; before any model is built
     check_loggers(opt)  # a missing package stops here, before any folder is made
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device

@@ -30,6 +30,7 @@ from utils.coco_eval import coco_image_ids, coco_predictions, save_and_evaluate 
 from utils.dataset.data_config import SPLITS, check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.user_modules import load_user_modules  # noqa: E402
 from utils.files import increment_path  # noqa: E402
 from utils.logging import LOGGER, colorstr, log_speed_and_outputs  # noqa: E402
 from utils.metrics import IOU_THRESHOLDS, ConfusionMatrix, ValMetrics, ap_per_class, match_predictions  # noqa: E402
@@ -72,7 +73,8 @@ def _model_device(model):
 def _load_for_cli(options: dict):
     """Standalone validation, from ``run``'s keyword values ``options``, checked as the command line checks them:
     weights (.pt, .onnx, .torchscript, *_openvino_model) -> eval backend on ``device``, checked image size, data
-    dict, half precision."""
+    dict, half precision; the ``--modules`` files are imported first."""
+    load_user_modules(options["modules"])
     _check_python_values(options)
     weights, batch_size, imgsz, data = options["weights"], options["batch_size"], options["imgsz"], options["data"]
     device = select_device(options["device"], batch_size=batch_size)
@@ -165,7 +167,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
         save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False, half=True,
         model=None, dataloader=None, save_dir=Path(""), plots=True, compute_loss=None, names=None,
         slice_size=0, slice_overlap=0.2, no_full_pass=False, slice_merge="nms", slice_batch=16, size_bands=False,
-        plot_bands=False, reduced_decode=False):
+        plot_bands=False, reduced_decode=False, modules=()):
     """Validate; returns a :class:`ValResult` (metrics, per-class mAP50-95, per-image times, size bands).
 
     With ``model`` given (from train.py), that model is used as is, ``data`` is the data dict and half
@@ -174,7 +176,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     training, and during training with ``size_bands=True`` or ``verbose``; they are printed under the
     usual table outside training or with ``verbose``. ``slice_size`` > 0 predicts each full-size image by sliced
     inference (utils/slicing.py) instead of one letterboxed pass. ``plot_bands`` writes PR_curve_bands.png:
-    precision-recall at IoU 0.5 per object-size band. ``reduced_decode``: as train.py's flag. Out of memory: one line.
+    precision-recall at IoU 0.5 per size band. ``reduced_decode``, ``modules``: as the flags. Out of memory: one line.
     """
     training = model is not None
     if training:

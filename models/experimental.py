@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.yolo import Model
+from models.yolo import Model, unregistered_blocks
 from utils.training.checkpoints import inference_weights, load_checkpoint
 from utils.errors import UserError
+from utils.logging import LOGGER
+from utils.user_modules import changed_files, missing_blocks_message, recorded_files
 
 TTA_SCALES = (1.0, 0.83, 0.67)
 TTA_FLIPS = (None, 3, None)  # 3 = flip left-right (the width axis of NCHW)
@@ -39,12 +41,23 @@ def check_fit(model, state, path):
                         "the checkpoint is damaged or was edited")
 
 
+def check_blocks_registered(ckpt: dict, cfg: dict, source) -> None:
+    """One-line UserError naming the ``--modules`` file(s) to pass when ``cfg`` (the checkpoint ``ckpt``'s
+    model YAML) uses blocks that are not registered in this process; a warning for a file that changed."""
+    missing = unregistered_blocks(cfg) if isinstance(cfg, dict) else []
+    if missing:
+        raise UserError(missing_blocks_message(str(source), missing, recorded_files(ckpt)))
+    for line in changed_files(ckpt):
+        LOGGER.warning(f"{source}: {line}")
+
+
 def stored_model(ckpt: dict, state: dict, path):
     """The model described by checkpoint ``ckpt``'s ``model_cfg`` with ``state`` loaded (fp32 as stored);
     a YAML that cannot be built, or weights that do not fit it, is a one-line UserError naming ``path``."""
     cfg = ckpt["model_cfg"]
     if not isinstance(cfg, dict):
         raise UserError(f"{path}: checkpoint key 'model_cfg' should be the model YAML dict, got {type(cfg).__name__}")
+    check_blocks_registered(ckpt, cfg, path)
     try:
         model = Model(cfg, nc=ckpt.get("nc"))
     except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:

@@ -183,6 +183,13 @@ def resolve_module(name) -> ModuleSpec | None:
     return _REGISTRY.get(name)
 
 
+def unregistered_blocks(cfg: dict) -> list[str]:
+    """Module names of ``cfg``'s backbone and head rows that resolve to nothing (a user's block not loaded)."""
+    rows = [row for section in ("backbone", "head") for row in (cfg.get(section) or [])
+            if isinstance(row, list) and len(row) == 4]
+    return sorted({row[2] for row in rows if isinstance(row[2], str) and resolve_module(row[2]) is None})
+
+
 # ----------------------------------------------------------------------------- parser
 _LITERALS = {"None": None, "True": True, "False": False}
 
@@ -279,7 +286,7 @@ def _parse_row(row, i: int, ch: list[int], cfg: dict, gd: float, gw: float):
     spec = resolve_module(name)
     if spec is None:
         raise _RowError(f"unknown module {name!r} (known: {', '.join(known_module_names())}, nn.*; "
-                        "register your own with models.yolo.register_module)")
+                        "register your own with models.yolo.register_module and pass its file with --modules)")
     if not isinstance(args, list):
         raise _RowError(f"args must be a list, got {args!r}")
     try:

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.gpu_proof import ops as proof_ops
 from utils.determinism.cuda_trace import (PYTHON_BRANCHES, CudaBranchTensor, as_cuda_branch, cuda_branch_trace,
-                                          cudnn_ctc)
+                                          cudnn_ctc, cudnn_samples)
 from utils.determinism.op_audit import AuditReport, Finding, audit_model
 from utils.determinism.op_table import SILENT_OPS, match_nondeterministic
 from utils.errors import UserError
@@ -192,3 +192,32 @@ def test_the_battery_names_silent_ops_and_does_not_count_them_as_raising():
     assert (predicted, ops, where) == (False, ["adaptive_max_pool3d_backward (backward, silent)"], "meta")
     predicted, ops, _ = proof_ops.predicted_failures(proof_ops.CASES["ctc_loss native"], "cuda")
     assert predicted and ops == ["_ctc_loss_backward (backward)"]
+
+
+def test_ctc_tensor_lengths_the_tensor_rule_refuses_fall_to_the_list_rule():
+    """ATen's Tensor overload reads refused lengths into lists and asks the list rule: int64 lengths with
+    int32 targets on the CPU, every input as long as log_probs, still run cuDNN's CTC."""
+    lp = torch.empty(8, 2, 5, device="meta")
+    int64 = torch.tensor([8, 8]), torch.tensor([3, 2])
+    assert cudnn_ctc(lp, INT32_TARGETS, *int64)
+    assert not cudnn_ctc(lp, INT32_TARGETS.to("meta"), *int64)  # the list rule wants the targets on the CPU
+    assert not cudnn_ctc(lp, INT32_TARGETS, torch.tensor([8, 7]), int64[1])  # nor an input shorter than T
+
+
+def test_unbatched_ctc_is_refused_by_the_tensor_rule_and_judged_by_the_list_rule():
+    """The Tensor rule sees the 2-D input as it is and refuses it; the list rule sees it with its batch dimension."""
+    lp = torch.empty(8, 5, device="meta")
+    length, target_length = torch.tensor(8, dtype=torch.int32), torch.tensor(3, dtype=torch.int32)
+    targets = INT32_TARGETS[:3]
+    assert not cudnn_ctc(lp, targets.to("meta"), length, target_length)  # targets off the CPU: aten's kernel
+    assert cudnn_ctc(lp, targets, length, target_length)
+    assert not cudnn_ctc(lp, targets, torch.tensor(7, dtype=torch.int32), target_length)  # shorter than T
+
+
+def test_cudnn_refuses_a_tensor_of_int32_max_elements_as_canuse32bitindexmath_does():
+    """canUse32BitIndexMath accepts fewer than 2**31 - 1 elements, whose last offset is below it too."""
+    grid = torch.empty(1, 1, 1, 2, device="meta")
+    assert cudnn_samples(torch.empty(1, 1, 1, 2 ** 31 - 2, device="meta"), grid, align_corners=True)
+    assert not cudnn_samples(torch.empty(1, 1, 1, 2 ** 31 - 1, device="meta"), grid, align_corners=True)
+    strided = torch.empty(1, 1, 3, 2 ** 30, device="meta")[..., ::2]  # fewer elements, the last one far out
+    assert strided.numel() < 2 ** 31 - 2 and not cudnn_samples(strided, grid, align_corners=True)

@@ -143,8 +143,8 @@ EXPORT_UPSTREAM_FLAGS = {
 
 def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: str, many_weights: bool = True,
                      imgsz_help: str = "image size (pixels)", imgsz_hw: bool = False) -> None:
-    """``--weights``, ``--imgsz`` (aliases ``--img``, ``--img-size``), ``--device``, ``--project/--name/--exist-ok``
-    and ``--version``.
+    """``--weights``, ``--imgsz`` (aliases ``--img``, ``--img-size``), ``--device``, ``--project/--name/--exist-ok``,
+    ``--version`` and ``--modules``.
 
     ``many_weights``: several files (an ensemble) and required, as in val/detect; otherwise one
     optional file ('' = from scratch), as in train. ``imgsz_hw``: accept ``h w`` (detect).
@@ -162,6 +162,14 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, project, weights_help: 
     parser.add_argument("--name", default="exp", help="save to project/name")
     parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
     add_version_flag(parser)
+    add_modules_flag(parser)
+
+
+def add_modules_flag(parser: argparse.ArgumentParser) -> None:
+    """``--modules FILE.py`` (repeatable): Python files whose ``@register_module`` blocks the model uses."""
+    parser.add_argument("--modules", action="append", default=[], metavar="FILE.py",
+                        help="import this Python file first, so the blocks it registers with @register_module "
+                             "work in a model YAML (repeatable; see docs/models.md)")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ import torch.nn as nn
 
 from utils.ddp import dist_info_from_env
 from utils.env_vars import recorded
-from utils.determinism.messages import adoption_summary, scoped_failure_message, strict_failure_message
+from utils.determinism.messages import (adoption_summary, scoped_failure_message, strict_failure_message,
+                                        strict_unverified_message, unverified_warning)
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr
 from utils.rng_state import seed_everything
@@ -534,9 +535,15 @@ class DeterminismPolicy:
         only if backward ops need it; forward and step ops (optimizer, EMA) cannot be relaxed, so
         they stop the run here with a UserError as strict does, not at the first batch. Silent
         findings (no alert, result varies) stop strict; scoped and warn report them, relaxing nothing.
+        Ops outside the op table (``report.unverified``, recorded with the report) stop strict and are
+        warned about by scoped and warn.
         ``report`` is a ``utils.determinism.op_audit.AuditReport``.
         """
         failing = report.applicable()
+        if self.mode == "strict" and report.unverified and not failing:
+            raise UserError(strict_unverified_message(report.unverified))
+        if self.mode in ("scoped", "warn") and report.unverified:
+            LOGGER.warning(unverified_warning(self.mode, report.unverified))
         silent = [f for f in failing if f.silent]
         backward = [f for f in failing if f.phase == "backward" and not f.silent]
         forward = [f for f in failing if f.phase != "backward" and not f.silent]  # nothing relaxes them

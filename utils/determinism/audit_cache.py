@@ -3,8 +3,8 @@
 The audit's report depends only on what one recorded training step runs: the model's structure
 (YAML, modules, parameter shapes, which parameters train, anchor and stride buffers), the source
 code of those modules and of the audit, loss, optimizer and EMA, the hyperparameters (loss gains
-pick the loss's ops), the image size, batch size, AMP, the device type, the torch version (and
-CUDA/cuDNN versions on CUDA) and, as the policy asks, the mode. :func:`audit_key` collects them;
+pick the loss's ops), the image size, batch size, AMP, the device type, the torch and torchvision
+versions (and CUDA/cuDNN versions on CUDA) and, as the policy asks, the mode. :func:`audit_key` collects them;
 the cache file ``<folder>/<sha256 of the key>.json`` holds the key and the report as JSON (no
 pickle), and is used only when its stored key equals the current one.
 
@@ -25,12 +25,13 @@ import torch.nn as nn
 
 from utils.determinism.op_audit import AuditReport, audit_model, detection_loss
 from utils.determinism.twins.plan import TWIN_MODES, TwinPlan, twinned_audit
+from utils.determinism.op_table import installed_torchvision
 from utils.env_vars import read
 from utils.files import atomic_write_bytes
 from utils.logging import LOGGER, colorstr
 
 CACHE_ENV = "FFCA_AUDIT_CACHE"
-CACHE_FORMAT = 2  # bump when the key's fields or the file layout change (2: findings say whether silent)
+CACHE_FORMAT = 3  # bump when the key's fields or the file layout change (3: ops outside the table, torchvision)
 _UTILS = Path(__file__).resolve().parents[1]
 # What the audited step runs besides the model: the audit, the loss (and its IoU), optimizer and EMA.
 AUDIT_SOURCES = (_UTILS / "determinism" / "op_audit.py", _UTILS / "determinism" / "op_table.py",
@@ -90,7 +91,8 @@ def audit_key(model: nn.Module, *, mode: str, imgsz: int, device, batch_size: in
     module code and arguments, not from the numbers in the tensors.
     """
     device = torch.device(device)
-    key = {"format": CACHE_FORMAT, "mode": mode, "torch": torch.__version__, "device_type": device.type,
+    key = {"format": CACHE_FORMAT, "mode": mode, "torch": torch.__version__, "torchvision": installed_torchvision(),
+           "device_type": device.type,
            "imgsz": int(imgsz), "batch_size": int(batch_size), "amp": bool(amp),
            "hyp": _digest(json.dumps(hyp, sort_keys=True, default=str)),
            "sources": _sources_digest(model), **_structure_digests(model)}

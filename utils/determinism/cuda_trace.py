@@ -12,7 +12,8 @@ some of those choices.
   torch release being predicted is older than the branch (:data:`PYTHON_BRANCHES`).
 - C++ branches to cuDNN, which meta never takes: ``grid_sampler`` runs cuDNN's sampler for 4-D
   bilinear, zero-padded, ``align_corners=True`` input, and ``ctc_loss`` runs cuDNN's CTC (with
-  ``deterministic=true``) for the inputs ``_use_cudnn_ctc_loss`` accepts. :class:`CudaBranchTensor`
+  ``deterministic=true``) for the inputs ``_use_cudnn_ctc_loss`` accepts: lengths as tensors by its
+  Tensor rule, and where that refuses them, read into lists, by its list rule (:func:`cudnn_ctc`). :class:`CudaBranchTensor`
   sends those calls to the cuDNN ops, for which :func:`cuda_branch_trace` registers shape-only meta
   kernels, so the trace records what CUDA runs.
 
@@ -37,7 +38,7 @@ PYTHON_BRANCHES = {F.max_pool3d_with_indices: "2.13"}
 
 _CUDNN_FLOATS = (torch.float16, torch.float32, torch.float64)  # at::native::cudnn_is_acceptable
 _CUDNN_CTC_MAX_TARGET = 256  # _use_cudnn_ctc_loss: every target length below this
-_INT32_INDEXING = 2 ** 31 - 1  # canUse32BitIndexMath, read as a bound on the element count
+_INT32_MAX = 2 ** 31 - 1  # canUse32BitIndexMath's default bound, which it excludes
 
 _predicted_release = contextvars.ContextVar("predicted_torch_release", default=torch.__version__)
 _python_branches_on = contextvars.ContextVar("python_branches_on", default=True)
@@ -99,10 +100,18 @@ def _as_subclass(result, cls):
 # ----------------------------------------------------------------------------- cuDNN's C++ branches
 
 
+def _indexable_in_32_bits(t: torch.Tensor) -> bool:
+    """at::native::canUse32BitIndexMath: fewer elements than INT32_MAX, and the last one's offset below it."""
+    if t.numel() == 0:
+        return True
+    last_offset = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.numel() < _INT32_MAX and last_offset < _INT32_MAX
+
+
 def _cudnn_acceptable(*tensors) -> bool:
     """at::native::cudnn_is_acceptable (CUDA assumed) and 32-bit indexing, for every tensor."""
     return torch.backends.cudnn.enabled and all(
-        t.dtype in _CUDNN_FLOATS and 0 < t.numel() <= _INT32_INDEXING for t in tensors)
+        t.dtype in _CUDNN_FLOATS and t.numel() > 0 and _indexable_in_32_bits(t) for t in tensors)
 
 
 def cudnn_samples(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None) -> bool:
@@ -118,28 +127,55 @@ def _lengths(values) -> list | None:
     return [int(v) for v in values]
 
 
-def cudnn_ctc(log_probs, targets, input_lengths, target_lengths, blank=0) -> bool:
-    """True when CUDA's ``ctc_loss`` runs cuDNN's CTC (``_use_cudnn_ctc_loss`` and its Tensor overload).
+def _ctc_common(log_probs, targets, blank) -> bool:
+    """The conditions ATen's two ``_use_cudnn_ctc_loss`` overloads share (CUDA log_probs assumed)."""
+    return (torch.backends.cudnn.enabled and blank == 0 and targets.dim() == 1 and log_probs.dim() == 3
+            and log_probs.dtype == torch.float32 and targets.dtype == torch.int32 and targets.is_contiguous())
 
-    Lengths given as tensors whose values a meta trace cannot read count as not accepted, which
-    predicts the native kernel (and its alert).
-    """
-    lp_dim = log_probs.dim() if log_probs.dim() == 3 else log_probs.dim() + 1  # unbatched input is unsqueezed
-    common = (torch.backends.cudnn.enabled and blank == 0 and targets.dim() == 1 and lp_dim == 3
-              and log_probs.dtype == torch.float32 and targets.dtype == torch.int32 and targets.is_contiguous())
-    inputs, targets_n = _lengths(input_lengths), _lengths(target_lengths)
-    if not common or inputs is None or targets_n is None:
+
+def _ctc_lengths_fit(inputs: list | None, targets_n: list | None) -> bool:
+    """Every target shorter than cuDNN's limit and no longer than its input (unreadable lengths: no)."""
+    if inputs is None or targets_n is None:
         return False
-    fits = all(t < _CUDNN_CTC_MAX_TARGET and t <= i for t, i in zip(targets_n, inputs))
-    if isinstance(input_lengths, torch.Tensor):  # the Tensor overload: int32 lengths, targets anywhere
-        return fits and input_lengths.dtype == torch.int32 and getattr(target_lengths, "dtype", None) == torch.int32
-    steps = log_probs.shape[0]
-    return fits and targets.device.type == "cpu" and all(i == steps for i in inputs)
+    return all(t < _CUDNN_CTC_MAX_TARGET and t <= i for t, i in zip(targets_n, inputs))
+
+
+def cudnn_ctc_by_tensor_rule(log_probs, targets, input_lengths, target_lengths, blank=0) -> bool:
+    """``_use_cudnn_ctc_loss.Tensor``: batched input, int32 length tensors, targets on any device."""
+    tensors = isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
+    return (tensors and _ctc_common(log_probs, targets, blank) and input_lengths.dtype == torch.int32
+            and target_lengths.dtype == torch.int32
+            and _ctc_lengths_fit(_lengths(input_lengths), _lengths(target_lengths)))
+
+
+def cudnn_ctc_by_list_rule(log_probs, targets, input_lengths, target_lengths, blank=0) -> bool:
+    """``_use_cudnn_ctc_loss`` on the lengths as int lists, after unbatched input gains its batch dimension:
+    targets on the CPU and every input as long as ``log_probs``."""
+    batched = log_probs if log_probs.dim() == 3 else log_probs.unsqueeze(1)
+    inputs = _lengths(input_lengths)
+    return (_ctc_common(batched, targets, blank) and targets.device.type == "cpu" and inputs is not None
+            and all(i == batched.shape[0] for i in inputs) and _ctc_lengths_fit(inputs, _lengths(target_lengths)))
+
+
+def cudnn_ctc(log_probs, targets, input_lengths, target_lengths, blank=0) -> bool:
+    """True when CUDA's ``ctc_loss`` runs cuDNN's CTC.
+
+    Lengths as tensors take ATen's Tensor overload: cuDNN if its rule accepts them, otherwise the
+    lengths are read into int lists and the list overload's rule decides, as for lengths given as
+    lists. Lengths a meta trace cannot read count as not accepted, which predicts the native
+    kernel (and its alert).
+    """
+    if isinstance(input_lengths, torch.Tensor) and cudnn_ctc_by_tensor_rule(
+            log_probs, targets, input_lengths, target_lengths, blank):
+        return True
+    return cudnn_ctc_by_list_rule(log_probs, targets, input_lengths, target_lengths, blank)
 
 
 def _ctc_through_cudnn(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
     """``ctc_loss`` as aten's ctc_loss_impl computes it on cuDNN's path (deterministic algorithm)."""
     batched = log_probs.dim() == 3
+    if not cudnn_ctc_by_tensor_rule(log_probs, targets, input_lengths, target_lengths, blank):
+        input_lengths, target_lengths = _lengths(input_lengths), _lengths(target_lengths)  # the list overload
     costs = torch._cudnn_ctc_loss(log_probs if batched else log_probs.unsqueeze(1), targets, input_lengths,
                                   target_lengths, blank, True, zero_infinity)[0]
     if reduction == "mean":

@@ -22,6 +22,24 @@ def scoped_failure_message(device: str, forward: list) -> str:
             f"only the backward, so training would stop at the first batch. {_ways_out('')}")
 
 
+def unverified_text(ops: list) -> str:
+    """``mylib::blur (forward, model.3 (Blur)); ...`` for an audit's ops outside the table."""
+    return "; ".join(f"{op['op']} ({op['phase']}, {op['module']})" for op in ops)
+
+
+def strict_unverified_message(ops: list) -> str:
+    """One line: strict cannot promise determinism through ops the table does not know."""
+    return (f"--deterministic strict: {len(ops)} op(s) of this model are outside the determinism table, so "
+            f"nothing says they are deterministic: {unverified_text(ops)}. "
+            f"{_ways_out('--deterministic scoped (warns about them and records them), ')}")
+
+
+def unverified_warning(mode: str, ops: list) -> str:
+    """The warning scoped and warn log for ops outside the table."""
+    return (f"determinism audit ({mode}): {len(ops)} op(s) not verified (outside the determinism table; "
+            f"recorded in determinism.json): {unverified_text(ops)}")
+
+
 def _listed(findings: list, where: str, device: str) -> str:
     ops = "; ".join(finding_text(f) for f in findings)
     return f"{len(findings)} op(s) {where} have no deterministic implementation on {device}: {ops}"
@@ -37,6 +55,10 @@ def adoption_summary(mode: str, report, backward: list, forward: list, relax: bo
     """The line train.py logs after adopting an audit (``silent``: findings on this device without an alert;
     ``twins``: the run's ``TwinPlan`` when the audit ran with deterministic twins routed)."""
     where = report.device
+    unverified = getattr(report, "unverified", [])
+    if not report.findings and unverified:
+        return f"determinism audit ({mode}) on {where}: no op flagged, but {len(unverified)} not verified: " \
+               f"{unverified_text(unverified)}."
     if not report.findings:
         with_twins = f" with twins ({', '.join(twins.names)})" if twins is not None else ""
         return f"determinism audit ({mode}): clean{with_twins} on {where}; full determinism kept"

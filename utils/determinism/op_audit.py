@@ -5,7 +5,8 @@ optimizer step and the EMA update) on deep copies of a model, records every aten
 ``TorchDispatchMode`` and matches it against the op table (``utils/determinism/op_table.py``) of
 the ops PyTorch throws for under ``torch.use_deterministic_algorithms(True)``. Each finding names
 its op, its phase, the devices where it throws and the innermost module (or ``loss``,
-``optimizer``, ``ema``) that issued it.
+``optimizer``, ``ema``) that issued it. torchvision's detection ops have rows too; an op of any
+other library is listed as not verified (:attr:`AuditReport.unverified`), so it is never clean.
 
 A CPU audit predicts CUDA too, from a second trace on the ``meta`` device that takes CUDA's
 branches (``utils/determinism/cuda_trace.py``): torch's Python code branches on ``input.is_cpu``
@@ -33,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from utils.determinism.cuda_trace import as_cuda_branch, cuda_branch_trace
-from utils.determinism.op_table import match_nondeterministic
+from utils.determinism.op_table import known_op, match_nondeterministic, op_for_alert, op_name
 from utils.logging import LOGGER
 from utils.loss import ComputeLoss
 from utils.rng_state import preserved_rng_state
@@ -83,7 +84,7 @@ def _same_op(flagged: str, table_op: str) -> bool:
 
     The alert names the kernel: a device suffix, and aten's leading underscore dropped or added.
     """
-    return flagged.lstrip("_").startswith(table_op.lstrip("_"))
+    return flagged.lstrip("_").startswith(table_op.lstrip("_")) or op_for_alert(flagged) == table_op
 
 
 @dataclass
@@ -98,11 +99,12 @@ class AuditReport:
     torch_version: str = torch.__version__
     batch_size: int = 2
     cuda_trace: str = ""  # what the CUDA findings come from: a CUDA or meta trace, or the CPU one and why
+    unverified: list = field(default_factory=list)  # [{"op", "phase", "module"}]: ops the table does not know
 
     @property
     def clean(self) -> bool:
-        """True when no op of the step lacks a deterministic implementation on CPU or CUDA."""
-        return not self.findings and not self.torch_flagged
+        """True when every op of the step is known to the table and has a deterministic implementation."""
+        return not self.findings and not self.torch_flagged and not self.unverified
 
     def applicable(self) -> list:
         """Findings that fail on the audited device, plus torch's own flags the table did not explain."""
@@ -130,11 +132,18 @@ class AuditReport:
                 lines.append(f"  {f.op:<{op_width}}{f.phase:<10}{where:<10}{f.module:<{module_width}}{f.reason}")
         for flag in self.torch_flagged:
             lines.append(f"  torch itself flagged on {self.device} in {flag['phase']}: {flag['message']}")
+        for op in self.unverified:
+            lines.append(f"  not verified: {op['op']} ({op['phase']}, {op['module']}): an op the determinism "
+                         "table does not know; nothing says whether it is deterministic")
         if self.clean:
             lines.append("Result: clean; every op has a deterministic implementation on CPU and CUDA, "
                          "so --deterministic strict keeps full determinism.")
+        elif not self.findings and not self.torch_flagged:
+            lines.append(f"Result: not verified; {len(self.unverified)} op(s) outside the table. strict refuses "
+                         "to promise determinism, scoped warns and records them. See docs/determinism.md")
         else:
-            lines.append(f"Result: {len(self.findings)} op(s) without a deterministic implementation. Under "
+            lines.append(f"Result: {len(self.findings)} op(s) without a deterministic implementation"
+                         + (f" and {len(self.unverified)} not verified" if self.unverified else "") + ". Under "
                          "--deterministic strict these ops stop training on the devices listed; scoped "
                          "relaxes backward ops only; warn reports them. 'silent': torch raises nothing "
                          "there and the result varies. See docs/determinism.md")
@@ -145,7 +154,8 @@ class AuditReport:
         return {"device": self.device, "imgsz": self.imgsz, "batch_size": self.batch_size,
                 "torch_version": self.torch_version, "cuda_trace": self.cuda_trace, "clean": self.clean,
                 "findings": [f.to_dict() for f in self.findings],
-                "torch_flagged": [dict(flag) for flag in self.torch_flagged], "op_counts": dict(self.op_counts)}
+                "torch_flagged": [dict(flag) for flag in self.torch_flagged], "op_counts": dict(self.op_counts),
+                "unverified": [dict(op) for op in self.unverified]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "AuditReport":
@@ -153,13 +163,15 @@ class AuditReport:
         ValueError, KeyError or TypeError, so a damaged cache file is never half-read."""
         flags = [{"op": str(f["op"]), "phase": str(f["phase"]), "message": str(f["message"])}
                  for f in data["torch_flagged"]]
+        unverified = [{"op": str(u["op"]), "phase": str(u["phase"]), "module": str(u["module"])}
+                      for u in data["unverified"]]
         counts = {str(phase): int(n) for phase, n in data["op_counts"].items()}
         text = {name: data[name] for name in ("device", "torch_version", "cuda_trace")}
         if not all(isinstance(value, str) for value in text.values()):
             raise ValueError("device, torch_version and cuda_trace must be strings")
         return cls(imgsz=int(data["imgsz"]), batch_size=int(data["batch_size"]), **text,
                    findings=[Finding.from_dict(f) for f in data["findings"]],
-                   torch_flagged=flags, op_counts=counts)
+                   torch_flagged=flags, op_counts=counts, unverified=unverified)
 
 
 # ----------------------------------------------------------------------------- the tracer
@@ -271,6 +283,7 @@ def _make_recorder(tracker: _ModuleTracker, version: str):
             super().__init__()
             self.phase = "forward"
             self.findings: dict = {}
+            self.unverified: dict = {}  # (op, phase, module) -> {"op", "phase", "module"}
             self.op_counts = dict.fromkeys(PHASES, 0)
             self.lock = threading.Lock()  # CUDA backward runs on autograd worker threads
 
@@ -288,9 +301,12 @@ def _make_recorder(tracker: _ModuleTracker, version: str):
                 with self.lock:
                     self.op_counts[self.phase] += 1
                     if row is not None:
-                        finding = Finding(func.overloadpacket.__name__, self.phase, self._module(),
-                                          row.devices, row.reason, row.silent)
+                        finding = Finding(op_name(func), self.phase, self._module(), row.devices, row.reason,
+                                          row.silent)
                         self.findings.setdefault((finding.op, finding.phase, finding.module), finding)
+                    elif not known_op(func):
+                        seen = {"op": op_name(func), "phase": self.phase, "module": self._module()}
+                        self.unverified.setdefault(tuple(seen.values()), seen)
             return func(*args, **kwargs)
 
     return OpRecorder()
@@ -427,8 +443,9 @@ class _TrainingStep:
 
 def _run_step(student: nn.Module, images: torch.Tensor, loss_factory: LossFactory, amp: bool,
               version: str, forward_scope: ForwardScope | None = None) -> tuple:
-    """One recorded training step: ``(findings by (op, phase, module), torch's flags, op counts)``; the
-    forward and the loss run inside ``forward_scope()`` when given (the twins' router, as in training)."""
+    """One recorded training step: ``(findings by (op, phase, module), torch's flags, op counts, ops the
+    table does not know)``; the forward and the loss run inside ``forward_scope()`` when given (the twins'
+    router, as in training)."""
     tracker = _ModuleTracker(student)
     recorder = _make_recorder(tracker, version)
     try:
@@ -441,7 +458,7 @@ def _run_step(student: nn.Module, images: torch.Tensor, loss_factory: LossFactor
     finally:
         tracker.remove()
     unique_flags = list({(f["op"], f["phase"]): f for f in flags}.values())
-    return recorder.findings, unique_flags, dict(recorder.op_counts)
+    return recorder.findings, unique_flags, dict(recorder.op_counts), list(recorder.unverified.values())
 
 
 def _in_scope(forward_scope: ForwardScope | None, step: Callable):
@@ -460,7 +477,7 @@ def _meta_findings(model: nn.Module, images: torch.Tensor, version: str,
                              forward_scope)[0], ""
     except (NotImplementedError, RuntimeError) as e:  # an op without a meta kernel, or one that needs values
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        op = re.search(r"aten::\w+", first)
+        op = re.search(r"\w+::\w+", first)
         return None, op.group(0) if op else first[:80]
 
 
@@ -514,12 +531,12 @@ def audit_model(model: nn.Module, imgsz: int = 64, device="cpu", batch_size: int
     on_meta = device.type == "meta"  # a meta audit stands in for CUDA: it takes CUDA's branches
     with preserved_rng_state(device), cuda_branch_trace(torch_version) if on_meta else contextlib.nullcontext():
         images = as_cuda_branch(images) if on_meta else images
-        found, flags, counts = _run_step(student, images, loss_factory or sum_of_outputs, amp, torch_version,
-                                         forward_scope)
+        found, flags, counts, unverified = _run_step(student, images, loss_factory or sum_of_outputs, amp,
+                                                     torch_version, forward_scope)
         findings, cuda_trace = list(found.values()), str(device)
         if device.type == "cpu":
             meta, failure = _meta_findings(model, images, torch_version, forward_scope)
             findings = predict_cuda(found, meta, failure)
             cuda_trace = META_TRACE if meta is not None else f"cpu (meta has no kernel: {failure})"
     return AuditReport(device=str(device), imgsz=imgsz, findings=findings, torch_flagged=flags, op_counts=counts,
-                       batch_size=batch_size, cuda_trace=cuda_trace)
+                       batch_size=batch_size, cuda_trace=cuda_trace, unverified=unverified)

@@ -11,13 +11,21 @@ Python branch decides (e.g. ``F.interpolate``'s decomposition of bilinear and tr
 non-CPU tensors under determinism, since torch 2.5) is not a row: the audit sees it by tracing
 with CUDA's branches (``utils/determinism/cuda_trace.py``). :data:`SILENT_OPS` are CUDA kernels
 that are not deterministic and raise nothing: torch has no alert for them, the audit does.
+
+torchvision's detection ops have rows of their own (:data:`TORCHVISION_OPS`, bounded by torchvision
+releases, checked against :data:`VERIFIED_TORCHVISION`), and :data:`TORCHVISION_CLEAN` names its ops
+known to be deterministic. An op of any other namespace (a user's ``torch.library`` op, another
+package's) is not in the table: :func:`known_op` says so, and the audit reports it as not verified.
 """
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
+
+from utils.torchvision_ops import version as torchvision_version
 
 CUDA_ONLY = ("cuda",)
 CPU_AND_CUDA = ("cpu", "cuda")
@@ -88,6 +96,8 @@ class NondeterministicOp:
     until: str = ""
     change: str = ""
     silent: bool = False
+    namespace: str = "aten"  # a torchvision row's since / until are torchvision releases
+    alert: str = ""  # the name torch's alert message gives, where it is not the op's (torchvision's)
 
     @property
     def reason(self) -> str:
@@ -102,7 +112,8 @@ class NondeterministicOp:
         """``'torch < 2.10 (pytorch#165762)'``, or ``'every torch'`` for an unbounded row."""
         bounds = [f">= {self.since}" if self.since else "", f"< {self.until}" if self.until else ""]
         text = " and ".join(b for b in bounds if b)
-        return f"torch {text} ({self.change})" if text else "every torch"
+        package = "torch" if self.namespace == "aten" else self.namespace
+        return f"{package} {text} ({self.change})" if text else f"every {package}"
 
     def holds_for(self, version: str) -> bool:
         """True when the row holds for torch ``version`` (e.g. ``'2.9.0'``)."""
@@ -215,6 +226,41 @@ SILENT_OPS = (
 
 NONDETERMINISTIC_OPS = DOCUMENTED_OPS + UNDOCUMENTED_OPS + SILENT_OPS
 
+# torchvision's ops, read from the installed 0.29.1+cu130: torchvision/_autograd_registrations.py
+# (the backward functions call torch._prims_common.alert_not_deterministic on CUDA; until the
+# stable-ABI build the CUDA kernels called alertNotDeterministic with the same names) and
+# torchvision/_C_stable.so (the kernels). tests/test_torchvision_determinism.py re-reads both.
+VERIFIED_TORCHVISION = {"0.29": "_autograd_registrations.py, ops/*.py and _C_stable.so of 0.29.1+cu130"}
+_ROI_NATIVE = ("the native kernel (under determinism torchvision.ops.roi_align takes a compiled pure-PyTorch "
+               "path instead where torch.compile supports the GPU; the audit cannot know that and flags)")
+TORCHVISION_OPS = (
+    NondeterministicOp(("torchvision.ops.roi_align",), ("_roi_align_backward",), CUDA_ONLY, _ROI_NATIVE,
+                       kernel="alert 'roi_align_backward_kernel'", namespace="torchvision",
+                       alert="roi_align_backward_kernel"),
+    NondeterministicOp(("torchvision.ops.roi_pool",), ("_roi_pool_backward",), CUDA_ONLY,
+                       kernel="alert 'roi_pool_backward_kernel'", namespace="torchvision",
+                       alert="roi_pool_backward_kernel"),
+    NondeterministicOp(("torchvision.ops.ps_roi_align",), ("_ps_roi_align_backward",), CUDA_ONLY,
+                       kernel="alert 'ps_roi_align_backward_kernel'", namespace="torchvision",
+                       alert="ps_roi_align_backward_kernel"),
+    NondeterministicOp(("torchvision.ops.ps_roi_pool",), ("_ps_roi_pool_backward",), CUDA_ONLY,
+                       kernel="alert 'ps_roi_pool_backward_kernel'", namespace="torchvision",
+                       alert="ps_roi_pool_backward_kernel"),
+    # The CUDA backward (deformable_col2im_kernel) accumulates with atomicAdd. The C++ kernel never
+    # alerted; 0.29's Python backward alerts. Releases between were not checked: 0.29 is the bound.
+    NondeterministicOp(("torchvision.ops.deform_conv2d",), ("_deform_conv2d_backward",), CUDA_ONLY,
+                       kernel="alert 'compute_grad_input' (_autograd_registrations.py)", since="0.29",
+                       change="the backward's alert, first seen in 0.29", namespace="torchvision",
+                       alert="compute_grad_input"),
+    NondeterministicOp(("torchvision.ops.deform_conv2d",), ("_deform_conv2d_backward",), CUDA_ONLY,
+                       kernel="deformable_col2im_kernel accumulates with atomicAdd and the C++ kernel has no alert",
+                       until="0.29", change="the backward's alert, first seen in 0.29", silent=True,
+                       namespace="torchvision"),
+)
+# torchvision ops whose every device's kernel is deterministic (no atomics), and the forwards of the rows above.
+TORCHVISION_CLEAN = frozenset({"nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"})
+KNOWN_NAMESPACES = ("aten", "prims", "profiler")  # profiler: record_function markers, no arithmetic
+
 # Documented entries the audit deliberately does not check: (reason, the releases whose docstring lists them).
 EXEMPT_DOC_NAMES = {
     "torch.Tensor.resize_": ("throws only for quantized tensors, which training never uses", ""),
@@ -248,10 +294,36 @@ def rows_for(version: str) -> tuple:
     return tuple(row for row in NONDETERMINISTIC_OPS if row.holds_for(version))
 
 
-_ROWS_BY_ATEN: dict[str, list] = {}
-for _row in NONDETERMINISTIC_OPS:
+_ROWS_BY_OP: dict[tuple, list] = {}
+for _row in NONDETERMINISTIC_OPS + TORCHVISION_OPS:
     for _name in _row.aten:
-        _ROWS_BY_ATEN.setdefault(_name, []).append(_row)
+        _ROWS_BY_OP.setdefault((_row.namespace, _name), []).append(_row)
+
+
+def known_op(func) -> bool:
+    """True when the table answers for ``func`` (an OpOverload): aten, prims and profiler ops, and the
+    torchvision ops it has rows for or knows to be deterministic."""
+    name = func.overloadpacket.__name__
+    return func.namespace in KNOWN_NAMESPACES or (
+        func.namespace == "torchvision" and (name in TORCHVISION_CLEAN or ("torchvision", name) in _ROWS_BY_OP))
+
+
+def op_name(func) -> str:
+    """``adaptive_max_pool2d_backward`` for an aten op, ``torchvision::_roi_align_backward`` for others."""
+    name = func.overloadpacket.__name__
+    return name if func.namespace == "aten" else f"{func.namespace}::{name}"
+
+
+def op_for_alert(alert: str) -> str | None:
+    """The op (as :func:`op_name` gives it) of the row whose torch alert message names ``alert``, or None."""
+    rows = [row for row in TORCHVISION_OPS if row.alert and row.alert == alert]
+    return f"{rows[0].namespace}::{rows[0].aten[0]}" if rows else None
+
+
+@lru_cache(maxsize=1)
+def installed_torchvision() -> str:
+    """The installed torchvision's version (read without importing the package)."""
+    return torchvision_version()
 
 
 def _named_arguments(func, args: tuple, kwargs: dict) -> dict:
@@ -269,8 +341,13 @@ def _named_arguments(func, args: tuple, kwargs: dict) -> dict:
 
 def match_nondeterministic(func, args: tuple = (), kwargs: dict | None = None,
                            version: str = torch.__version__) -> NondeterministicOp | None:
-    """The row an aten call falls under in torch ``version`` (default: the installed one), or None."""
-    rows = [row for row in _ROWS_BY_ATEN.get(func.overloadpacket.__name__, ()) if row.holds_for(version)]
+    """The row an op call falls under in torch ``version`` (default: the installed one), or None.
+
+    torchvision's rows hold for the installed torchvision (:func:`installed_torchvision`).
+    """
+    candidates = _ROWS_BY_OP.get((func.namespace, func.overloadpacket.__name__), ())
+    package_version = installed_torchvision() if func.namespace == "torchvision" else version
+    rows = [row for row in candidates if row.holds_for(package_version)]
     if not rows:
         return None
     overload = func._overloadname

@@ -28,6 +28,7 @@ from utils.determinism.reproducibility import record_checksum
 from utils.rng_state import get_rng_state
 from utils.torch_utils import de_parallel
 from utils.torchvision_ops import version as torchvision_version
+from utils.user_modules import CHECKPOINT_KEY, module_records
 
 
 def cloned_state(state_dict: dict) -> dict:
@@ -95,6 +96,7 @@ def training_state(parts: Optimisation, progress: Progress, position, *, opt, hy
         "hyp": to_plain(dict(hyp)),
         "date": datetime.now().isoformat(),
         "versions": {"torch": torch.__version__, "torchvision": torchvision_version()},
+        CHECKPOINT_KEY: module_records(getattr(opt, "modules", ())),
     }
 
 

@@ -121,9 +121,9 @@ TWINS = (
          ((F.interpolate, _interpolate),)),
     Twin("grid_sample", ("grid_sampler_2d_backward", "cudnn_grid_sampler_backward"),
          ((F.grid_sample, _grid_sample),)),
-    Twin("deform_conv2d", ("_deform_conv2d_backward", "deform_conv2d"), deform_conv2d_routes(deform_conv2d)),
-    Twin("roi_align", ("_roi_align_backward", "roi_align"), roi_align_routes(roi_align)),
-    Twin("roi_pool", ("_roi_pool_backward", "roi_pool"), roi_pool_routes(roi_pool)),
+    Twin("deform_conv2d", ("torchvision::_deform_conv2d_backward",), deform_conv2d_routes(deform_conv2d)),
+    Twin("roi_align", ("torchvision::_roi_align_backward",), roi_align_routes(roi_align)),
+    Twin("roi_pool", ("torchvision::_roi_pool_backward",), roi_pool_routes(roi_pool)),
 )
 
 
