@@ -1,4 +1,4 @@
-"""A NaN loss injected at a chosen batch through train.py's callbacks (tests/test_callbacks.py).
+"""A NaN loss, gradient or weight injected at a chosen batch through train.py's callbacks (tests/test_callbacks.py).
 
     python tests/support/nan_injection.py BATCH train.py-arguments...   # also under torchrun
 
@@ -40,6 +40,63 @@ def nan_at_batch(batch: int, before: dict | None = None) -> Callbacks:
 
     callbacks = Callbacks()
     callbacks.register_action("on_train_batch_end", "NaN at the next batch", arm)
+    return callbacks
+
+
+def nan_in_micro_batch(batch: int, micro: int) -> Callbacks:
+    """Callbacks that make micro-batch ``micro`` (its forward pass in the step, from 0) of global batch ``batch``
+    give NaN predictions, the step's other micro-batches finite ones (``--micro-batch``, one process)."""
+
+    def arm(model, ni, imgs, targets, paths, mloss):
+        if ni + 1 != batch:
+            return
+        calls = []
+
+        def poison(module, inputs, output):
+            calls.append(1)
+            if len(calls) <= micro:
+                return output
+            handle.remove()
+            return [torch.full_like(x, math.nan) for x in output]
+
+        handle = de_parallel(model).model[-1].register_forward_hook(poison)
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_train_batch_end", "NaN in one micro-batch", arm)
+    return callbacks
+
+
+def inf_gradient_at_batch(batch: int, before: dict) -> Callbacks:
+    """Callbacks that make one gradient of global batch ``batch`` infinite (the loss stays finite); ``before``
+    receives the weights and EMA as they were before that batch (keys 'model', 'ema')."""
+
+    def arm(model, ni, imgs, targets, paths, mloss):
+        if ni + 1 != batch:
+            return
+        weight = de_parallel(model).model[-1].m[0].weight
+        before["model"] = {k: v.detach().clone() for k, v in de_parallel(model).state_dict().items()}
+
+        def overflow(grad):
+            handle.remove()
+            return grad * math.inf
+
+        handle = weight.register_hook(overflow)
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_train_batch_end", "infinite gradient at the next batch", arm)
+    return callbacks
+
+
+def nan_weight_after_batch(batch: int) -> Callbacks:
+    """Callbacks that write a NaN into one weight of the model at the end of global batch ``batch``."""
+
+    def poison(model, ni, imgs, targets, paths, mloss):
+        if ni == batch:
+            with torch.no_grad():
+                de_parallel(model).model[-1].m[0].weight[0, 0, 0, 0] = math.nan
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_train_batch_end", "NaN weight", poison)
     return callbacks
 
 
