@@ -10,7 +10,8 @@ import torch
 
 import train
 from tests.support.launchers import launcher_env
-from tests.support.nan_injection import inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch, nan_weight_after_batch
+from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch, nan_weight_after_batch,
+                                        stop_at_batch)
 from tests.support.run_outputs import results_rows
 from utils.callbacks import HOOKS, CallbackError, Callbacks
 from utils.errors import UserError
@@ -179,22 +180,10 @@ def test_a_raising_callback_stops_the_run_and_keeps_the_last_complete_state(shap
     assert len(resumed) == 7
 
 
-def stopper(at_batch: int) -> Callbacks:
-    """A YOLOv5-style callback that sets ``stop_training`` at the end of global batch ``at_batch``."""
-    callbacks = Callbacks()
-
-    def enough(model, ni, imgs, targets, paths, mloss):
-        if ni == at_batch:
-            callbacks.stop_training = True
-
-    callbacks.register_action("on_train_batch_end", "enough", enough)
-    return callbacks
-
-
 @pytest.mark.slow
 def test_stop_training_ends_the_run_at_that_step_with_a_resumable_last_pt(shapes_data, tiny_cfg, tmp_path,
                                                                           log_lines):
-    tiny_run(shapes_data, tiny_cfg, tmp_path, "stop", callbacks=stopper(2), epochs=3)
+    tiny_run(shapes_data, tiny_cfg, tmp_path, "stop", callbacks=stop_at_batch(2), epochs=3)
     last = tmp_path / "stop" / "weights" / "last.pt"
     assert load_checkpoint(last)["next_position"] == [1, 1], "stopped right after global batch 2"
     assert len(results_rows(tmp_path / "stop")) == 1
@@ -299,24 +288,45 @@ def test_nan_policy_is_a_checked_choice():
     assert train.parse_opt([]).nan_policy == "stop"
 
 
-@pytest.mark.slow
-def test_a_nan_on_one_rank_stops_both_ranks(shapes_data, tiny_cfg, tmp_path):
+def torchrun_injected(spec: str, shapes_data, tiny_cfg, project, name: str) -> subprocess.CompletedProcess:
+    """tests/support/nan_injection.py ``spec`` on 2 gloo ranks: 16 images at batch 8, 2 steps an epoch."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "tests/support/nan_injection.py", "3", "--data", str(shapes_data), "--cfg", str(tiny_cfg),
-           "--project", str(tmp_path), "--name", "ddp", "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
+           "tests/support/nan_injection.py", spec, "--data", str(shapes_data), "--cfg", str(tiny_cfg),
+           "--project", str(project), "--name", name, "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
            "--device", "cpu", "--workers", "0", "--noplots", "--save-interval", "0"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=launcher_env())
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=launcher_env())
+
+
+@pytest.mark.slow
+def test_a_nan_on_rank_1_alone_stops_both_ranks_with_true_lines(shapes_data, tiny_cfg, tmp_path):
+    proc = torchrun_injected("3@1", shapes_data, tiny_cfg, tmp_path, "ddp")
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "ERROR: non-finite loss at epoch" in line]
+    last = tmp_path / "ddp" / "weights" / "last.pt"
     # the first rank to exit makes torchrun end the other, which may not have printed yet
-    assert errors and all("epoch 1 batch 1" in e for e in errors), proc.stderr[-3000:]
+    assert errors, proc.stderr[-3000:]
+    for error in errors:
+        assert "epoch 1 batch 1 on rank 1 (box nan, obj nan, cls nan)" in error, error
+        assert "last.pt at epoch 1 batch 1 (resumable); best.pt from epoch 0." in error, error
+        assert f"torchrun --nproc_per_node 2 train.py --resume {last}" in error, error
     assert "utils/training" not in proc.stderr, "a rank printed a traceback"  # torchrun's own summary may follow
-    ckpt = load_checkpoint(tmp_path / "ddp" / "weights" / "last.pt")
+    ckpt = load_checkpoint(last)
     assert ckpt["next_position"] == [1, 1] and all_finite(ckpt["model"])
 
 
+@pytest.mark.slow
+def test_stop_training_on_rank_0_stops_every_rank_at_that_step(shapes_data, tiny_cfg, tmp_path):
+    proc = torchrun_injected("stop@2", shapes_data, tiny_cfg, tmp_path, "stop")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "set stop_training" in line]
+    assert len(lines) == 1 and "callback 'enough' on hook 'on_train_batch_end'" in lines[0], proc.stderr[-3000:]
+    assert "last.pt at epoch 1 batch 1 (resumable)" in lines[0]
+    assert "torchrun --nproc_per_node 2 train.py --resume" in lines[0]
+    assert load_checkpoint(tmp_path / "stop" / "weights" / "last.pt")["next_position"] == [1, 1]
+
+
 def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, monkeypatch, capsys):
-    """docs/training.md's ten-line logger, run as written except for a tiny data set and model."""
+    """docs/training.md's YOLOv5-shaped logger, run as written except for a tiny data set and model."""
     text = (ROOT / "docs" / "training.md").read_text()
     example = text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     real_run = train.run
@@ -330,3 +340,4 @@ def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, mon
     exec(compile(example, "docs/training.md", "exec"), {"__name__": "example"})
     out = capsys.readouterr().out
     assert "epoch 0: mAP50 " in out and "epoch 1: mAP50 " in out and "fitness" in out
+    assert f"finished after epoch 1: {tmp_path / 'doc' / 'weights' / 'best.pt'}" in out
