@@ -10,8 +10,8 @@ import torch
 
 import train
 from tests.support.launchers import launcher_env
-from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch, nan_weight_after_batch,
-                                        stop_at_batch)
+from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch,
+                                        nan_weight_after_batch, stop_at_batch)
 from tests.support.run_outputs import results_rows
 from utils.callbacks import HOOKS, CallbackError, Callbacks
 from utils.errors import UserError
@@ -255,7 +255,7 @@ def test_an_infinite_gradient_is_not_stepped_and_last_pt_holds_the_state_before_
     error = stopped_run(shapes_data, tiny_cfg, tmp_path, "grad", inf_gradient_at_batch(3, before), capsys)
     assert error.startswith("ERROR: non-finite gradient (global norm inf) at epoch 1 batch 1: not stepped")
     last = tmp_path / "grad" / "weights" / "last.pt"
-    assert f"last.pt at epoch 1 batch 1 (resumable)" in error and f"python train.py --resume {last}" in error
+    assert "last.pt at epoch 1 batch 1 (resumable)" in error and f"python train.py --resume {last}" in error
     ckpt = load_checkpoint(last)
     assert ckpt["next_position"] == [1, 1] and all_finite(ckpt["model"]) and all_finite(ckpt["ema"])
     assert all(torch.equal(ckpt["model"][k], v) for k, v in before["model"].items()), "not the state before it"

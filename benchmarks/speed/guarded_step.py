@@ -23,7 +23,7 @@ from utils.options import OptionRules
 from utils.torch_utils import ModelEMA, smart_optimizer
 from utils.training.nonfinite import CLIP_NORM, GuardedStep
 
-RULES = OptionRules(positive=("repeats", "batch", "imgsz"))
+RULES = OptionRules(positive=("repeats", "batch", "imgsz"), files=("cfg",))
 
 
 def plain_step(model, optimizer, scaler, ema) -> None:
@@ -83,6 +83,7 @@ def measure(opt) -> dict:
             "forward_backward": forward_backward}
 
 
+@exit_on_user_error
 def main(argv=None) -> None:
     parser = parser_for("benchmarks.speed.guarded_step", __doc__.splitlines()[0])
     parser.add_argument("--cfg", default="models/ffca-yolo.yaml")
@@ -103,4 +104,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_user_error(main)()
+    main()
