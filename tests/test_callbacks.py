@@ -249,6 +249,7 @@ def stopped_run(shapes_data, tiny_cfg, project, name, callbacks, capsys) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 def test_an_infinite_gradient_is_not_stepped_and_last_pt_holds_the_state_before_it(shapes_data, tiny_cfg,
                                                                                    tmp_path, capsys):
     before = {}
@@ -264,6 +265,7 @@ def test_an_infinite_gradient_is_not_stepped_and_last_pt_holds_the_state_before_
     assert all(math.isfinite(v) for v in resumed)
 
 
+@pytest.mark.slow
 def test_non_finite_weights_never_replace_a_finite_last_pt_and_the_line_says_what_is_there(shapes_data, tiny_cfg,
                                                                                          tmp_path, capsys):
     error = stopped_run(shapes_data, tiny_cfg, tmp_path, "poisoned", nan_weight_after_batch(2), capsys)
@@ -275,6 +277,7 @@ def test_non_finite_weights_never_replace_a_finite_last_pt_and_the_line_says_wha
     assert ckpt["next_position"] == [1, 0] and all_finite(ckpt["model"]) and all_finite(ckpt["ema"])
 
 
+@pytest.mark.slow
 def test_the_micro_batch_skip_warning_quotes_the_non_finite_micro_batch(shapes_data, tiny_cfg, tmp_path, log_lines):
     tiny_run(shapes_data, tiny_cfg, tmp_path, "micro", callbacks=nan_in_micro_batch(1, micro=1), micro_batch=2,
              nan_policy="skip", epochs=1)

@@ -76,6 +76,18 @@ def test_weights_that_overflow_after_a_finite_gradient_are_put_back():
     assert all("momentum_buffer" in optimizer.state[p] for p in model.parameters()), "a kept step keeps its state"
 
 
+def test_a_non_finite_batch_norm_statistic_after_a_step_is_caught_too():
+    model = tiny_model()
+    optimizer, bn = smart_optimizer(model, "SGD", lr=0.01, momentum=0.9, decay=0.0), model[1]
+    step = GuardedStep(optimizer, [bn.running_mean, bn.running_var, bn.num_batches_tracked])
+    before = snapshot(model, optimizer)
+    backward_once(model)
+    bn.running_var[1] = math.inf  # the checkpoint saves it with the weights
+    assert step(model, torch.amp.GradScaler("cuda", enabled=False), None, ONE_PROCESS) == \
+        "non-finite weights after the optimizer step"
+    assert_unchanged(model, optimizer, before)
+
+
 def test_the_finite_check_finds_one_nan_among_huge_finite_values():
     huge = [torch.full((1000,), 3e38), torch.ones(3)]
     assert all_finite(huge), "a 2-norm would overflow to inf here"

@@ -92,7 +92,7 @@ class TrainLoop:
         self.hyp = scale_loss_gains(hyp, model.model[-1].nl, ctx.nc, ctx.imgsz)
         self.grid_size = grid_size(model)
         self.buffers = BufferSnapshot(model)
-        self.guarded_step = GuardedStep(optimizer)
+        self.guarded_step = GuardedStep(optimizer, self.buffers.live)
         self.start_epoch, self.start_batch = 0, 0
         self.epoch, self.batch, self.nb = 0, 0, 0  # where the loop is; batch = (i, imgs, targets, paths)
         self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
@@ -137,6 +137,7 @@ class TrainLoop:
         elif self.opt.sync_bn:
             self.parts.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model).to(self.device)
             self.buffers = BufferSnapshot(self.model)
+            self.guarded_step = GuardedStep(self.optimizer, self.buffers.live)
             LOGGER.info("Using SyncBatchNorm()")
         self.parts.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
                                output_device=self.dist.local_rank if cuda else None)

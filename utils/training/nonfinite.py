@@ -53,12 +53,17 @@ class BufferSnapshot:
 
 
 def all_finite(tensors: list) -> bool:
-    """True when every element of every tensor is finite: one fused max-abs (which cannot overflow, unlike
-    a 2-norm) and one device sync."""
-    tensors = [t for t in tensors if t.is_floating_point() and t.numel()]
+    """True when every element of every tensor is finite."""
+    return floats_finite([t for t in tensors if t.is_floating_point() and t.numel()])
+
+
+def floats_finite(tensors: list) -> bool:
+    """:func:`all_finite` for non-empty floating-point tensors: one fused max-abs (which cannot overflow,
+    unlike a 2-norm) and one device sync."""
     if not tensors:
         return True
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, float("inf")))).all())
+    with torch.no_grad():
+        return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, float("inf")))).all())
 
 
 class GuardedStep:
@@ -67,9 +72,11 @@ class GuardedStep:
     are put back as they were before it and the EMA is left alone. Either way the accumulated gradients are
     cleared."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer, buffers: list = ()):
+        """``buffers``: BatchNorm's running statistics, checked with the weights (the caller puts them back)."""
         self.optimizer = optimizer
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.checked = [t for t in self.params + list(buffers) if t.is_floating_point() and t.numel()]
         self._state_seen, self._entries = None, -1
         self._live, self._saved, self._plain, self._plain_values, self._empty = [], [], [], [], []
 
@@ -88,12 +95,12 @@ class GuardedStep:
     def _take(self) -> None:
         self._layout()
         with torch.no_grad():
-            torch._foreach_copy_(self._saved, [t.detach() for t in self._live])
+            torch._foreach_copy_(self._saved, self._live)
         self._plain_values = [s[key] for s, key in self._plain]
 
     def _restore(self) -> None:
         with torch.no_grad():
-            torch._foreach_copy_([t.detach() for t in self._live], self._saved)
+            torch._foreach_copy_(self._live, self._saved)
         for (s, key), value in zip(self._plain, self._plain_values):
             s[key] = value
         for p in self._empty:  # state the step itself created (momentum buffers at the first step)
@@ -111,7 +118,7 @@ class GuardedStep:
             problem = f"non-finite gradient (global norm {float(norm):.4g})"
         else:
             scaler.step(self.optimizer)
-            if not all_finite(self.params):
+            if not floats_finite(self.checked):
                 problem = "non-finite weights after the optimizer step"
         scaler.update()
         if max_over_ranks([problem is not None], dist)[0]:
