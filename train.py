@@ -23,7 +23,7 @@ from utils.callbacks import Callbacks
 from utils.dataloaders import create_dataloader
 from utils.dataset.data_config import check_dataset
 from utils.dataset.tiles import box_scale, resolve_tile_size
-from utils.ddp import (DistInfo, barrier, check_ddp_batch, destroy_process_group, dist_info_from_env,
+from utils.ddp import (DistInfo, barrier, check_ddp_batch, destroy_process_group, dist_info_from_env, refused_alike,
                        init_process_group, per_rank_batch_size)
 from utils.determinism.audit_cache import start_up_audit
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json
@@ -263,7 +263,8 @@ def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckp
                                    scale=box_scale(dataset.shapes, ctx.opt.train_tiles))
     loop = TrainLoop(ctx, model, hyp, amp)
     if resume_ckpt is not None:
-        loop.restore(resume_ckpt)
+        with refused_alike(ctx.dist):  # a mid-epoch checkpoint of another world size
+            loop.restore(resume_ckpt)
         results_log.truncate(loop.start_epoch)
         LOGGER.info(f"Resuming {ctx.opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
     loop.wrap_ddp()
@@ -282,6 +283,12 @@ def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
         exit_after_interrupt(loop.interrupt_code, ctx.saver.describe(), ctx.saver.resume_command(ctx.dist.world_size),
                              ctx.dist.is_main)
     results = results if results is not None else ValMetrics()
+    if loop.stop_request:
+        on_disk, resume = loop.saved_on_disk()
+        if ctx.dist.is_main:
+            LOGGER.warning(f"Training stopped early: {loop.stop_request} set stop_training. {on_disk}"
+                           + (f" Resume with: {resume}" if resume else ""))
+        return results
     if ctx.dist.is_main:
         LOGGER.info(f"\n{last_epoch - loop.start_epoch + 1} epochs completed in {loop.elapsed_hours:.3f} hours.")
         final = (last_epoch + 1, 0) if loop.start_epoch < ctx.opt.epochs else (loop.start_epoch, loop.start_batch)
@@ -355,13 +362,15 @@ def main(opt, argv=None, callbacks: Callbacks | None = None):
     hyp = load_hyp(opt) if resume_ckpt is None else dict(resume_ckpt["hyp"])
     prepare_cuda_environment(opt.deterministic)  # cuBLAS reads it when CUDA starts, i.e. in select_device
     device = select_device(opt.device, batch_size=opt.batch_size)
-    if opt.micro_batch:
-        check_micro_batch(opt.micro_batch, opt.batch_size, dist.world_size, opt)
     if dist.enabled:
-        check_ddp_batch(opt.batch_size, dist.world_size)
         device = torch.device("cuda", dist.local_rank) if device.type == "cuda" else torch.device("cpu")
         init_process_group(dist, device)
     try:
+        with refused_alike(dist):  # every rank finds it: rank 0 alone says so
+            if opt.micro_batch:
+                check_micro_batch(opt.micro_batch, opt.batch_size, dist.world_size, opt)
+            if dist.enabled:
+                check_ddp_batch(opt.batch_size, dist.world_size)
         if opt.evolve:
             if dist.enabled:
                 raise UserError("--evolve is not supported with DDP; run it on one device")

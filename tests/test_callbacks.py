@@ -10,7 +10,8 @@ import torch
 
 import train
 from tests.support.launchers import launcher_env
-from tests.support.nan_injection import nan_at_batch
+from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch,
+                                        nan_weight_after_batch, stop_at_batch)
 from tests.support.run_outputs import results_rows
 from utils.callbacks import HOOKS, CallbackError, Callbacks
 from utils.errors import UserError
@@ -74,6 +75,32 @@ def test_extended_merges_without_changing_either_object():
     merged = own.extended(user)
     assert [a["name"] for a in merged.get_registered_actions("on_train_end")] == ["own", "user"]
     assert [len(c.get_registered_actions("on_train_end")) for c in (own, user)] == [1, 1]
+
+
+def test_run_takes_yolov5_s_thread_keyword_and_runs_the_callbacks_before_returning():
+    seen = []
+    callbacks = Callbacks()
+    callbacks.register_action("on_model_save", "strict", lambda last, epoch, final, best, fi: seen.append(epoch))
+    callbacks.run("on_model_save", "last.pt", 0, False, 0.0, None, thread=False)
+    callbacks.run("on_model_save", "last.pt", 1, False, 0.0, None, thread=True)
+    assert seen == [0, 1], "thread=True runs synchronously too: its effects never depend on timing"
+
+
+def test_stop_training_is_yolov5_s_flag_and_names_who_set_it():
+    user = Callbacks()
+    assert user.stop_training is False and user.stop_request is None
+
+    def stop(epoch):
+        user.stop_training = True  # a YOLOv5 callback holds the object it was registered on
+
+    user.register_action("on_train_epoch_end", "enough", stop)
+    merged = Callbacks().extended(Callbacks().extended(user))  # as train.py merges its own and the user's
+    merged.run("on_train_epoch_end", epoch=0)
+    assert merged.stop_training and merged.stop_request == "callback 'enough' on hook 'on_train_epoch_end'"
+    merged.stop_training = False
+    assert not user.stop_training and merged.stop_request is None
+    user.stop_training = True
+    assert merged.stop_request == "the caller"
 
 
 def test_train_run_refuses_callbacks_of_another_type(tmp_path):
@@ -153,6 +180,20 @@ def test_a_raising_callback_stops_the_run_and_keeps_the_last_complete_state(shap
     assert len(resumed) == 7
 
 
+@pytest.mark.slow
+def test_stop_training_ends_the_run_at_that_step_with_a_resumable_last_pt(shapes_data, tiny_cfg, tmp_path,
+                                                                          log_lines):
+    tiny_run(shapes_data, tiny_cfg, tmp_path, "stop", callbacks=stop_at_batch(2), epochs=3)
+    last = tmp_path / "stop" / "weights" / "last.pt"
+    assert load_checkpoint(last)["next_position"] == [1, 1], "stopped right after global batch 2"
+    assert len(results_rows(tmp_path / "stop")) == 1
+    lines = [line for line in log_lines if "set stop_training" in line]
+    assert len(lines) == 1 and "callback 'enough' on hook 'on_train_batch_end' set stop_training" in lines[0]
+    assert "last.pt at epoch 1 batch 1 (resumable)" in lines[0] and f"--resume {last}" in lines[0]
+    resumed = tiny_run(shapes_data, tiny_cfg, tmp_path, "unused", resume=str(last))
+    assert len(resumed) == 7 and len(results_rows(tmp_path / "stop")) == 3
+
+
 # ------------------------------------------------------------------------------------------- non-finite loss
 
 
@@ -194,30 +235,101 @@ def test_skipping_a_nan_batch_is_counted_and_deterministic(shapes_data, tiny_cfg
     assert [float(r["train/skipped"]) for r in rows] == [1.0, 0.0]
 
 
+def stopped_run(shapes_data, tiny_cfg, project, name, callbacks, capsys) -> str:
+    """A tiny run through the command line's error handling that must end with exit 1; its one ERROR line."""
+    opt = train.parse_opt(["--data", str(shapes_data), "--cfg", str(tiny_cfg), "--project", str(project),
+                           "--name", name, "--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--device",
+                           "cpu", "--workers", "0", "--noplots", "--save-interval", "0"])
+    with pytest.raises(SystemExit) as exit_info:
+        train.exit_on_user_error(lambda: train.main(opt, callbacks=callbacks))()
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1, err[-2000:]
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_an_infinite_gradient_is_not_stepped_and_last_pt_holds_the_state_before_it(shapes_data, tiny_cfg,
+                                                                                   tmp_path, capsys):
+    before = {}
+    error = stopped_run(shapes_data, tiny_cfg, tmp_path, "grad", inf_gradient_at_batch(3, before), capsys)
+    assert error.startswith("ERROR: non-finite gradient (global norm inf) at epoch 1 batch 1: not stepped")
+    last = tmp_path / "grad" / "weights" / "last.pt"
+    assert "last.pt at epoch 1 batch 1 (resumable)" in error and f"python train.py --resume {last}" in error
+    ckpt = load_checkpoint(last)
+    assert ckpt["next_position"] == [1, 1] and all_finite(ckpt["model"]) and all_finite(ckpt["ema"])
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in before["model"].items()), "not the state before it"
+    assert all(g is None for g in ckpt["grads"]), "the non-finite accumulated gradient was kept"
+    resumed = tiny_run(shapes_data, tiny_cfg, tmp_path, "unused", resume=str(last))
+    assert all(math.isfinite(v) for v in resumed)
+
+
+@pytest.mark.slow
+def test_non_finite_weights_never_replace_a_finite_last_pt_and_the_line_says_what_is_there(shapes_data, tiny_cfg,
+                                                                                         tmp_path, capsys):
+    error = stopped_run(shapes_data, tiny_cfg, tmp_path, "poisoned", nan_weight_after_batch(2), capsys)
+    assert error.startswith("ERROR: non-finite loss at epoch 1 batch 1 (box nan")
+    last = tmp_path / "poisoned" / "weights" / "last.pt"
+    assert "last.pt after epoch 0 (resumable); best.pt from epoch 0." in error, error
+    assert f"python train.py --resume {last}" in error
+    ckpt = load_checkpoint(last)
+    assert ckpt["next_position"] == [1, 0] and all_finite(ckpt["model"]) and all_finite(ckpt["ema"])
+
+
+@pytest.mark.slow
+def test_the_micro_batch_skip_warning_quotes_the_non_finite_micro_batch(shapes_data, tiny_cfg, tmp_path, log_lines):
+    tiny_run(shapes_data, tiny_cfg, tmp_path, "micro", callbacks=nan_in_micro_batch(1, micro=1), micro_batch=2,
+             nan_policy="skip", epochs=1)
+    warnings = [line for line in log_lines if "non-finite loss at epoch" in line]
+    assert len(warnings) == 1 and "non-finite loss at epoch 0 batch 1 in micro-batch 1 (box nan" in warnings[0]
+
+
 def test_nan_policy_is_a_checked_choice():
     with pytest.raises(UserError, match="--nan-policy"):
         train.parse_opt(["--nan-policy", "ignore"])
     assert train.parse_opt([]).nan_policy == "stop"
 
 
-@pytest.mark.slow
-def test_a_nan_on_one_rank_stops_both_ranks(shapes_data, tiny_cfg, tmp_path):
+def torchrun_injected(spec: str, shapes_data, tiny_cfg, project, name: str) -> subprocess.CompletedProcess:
+    """tests/support/nan_injection.py ``spec`` on 2 gloo ranks: 16 images at batch 8, 2 steps an epoch."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "tests/support/nan_injection.py", "3", "--data", str(shapes_data), "--cfg", str(tiny_cfg),
-           "--project", str(tmp_path), "--name", "ddp", "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
+           "tests/support/nan_injection.py", spec, "--data", str(shapes_data), "--cfg", str(tiny_cfg),
+           "--project", str(project), "--name", name, "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
            "--device", "cpu", "--workers", "0", "--noplots", "--save-interval", "0"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=launcher_env())
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=launcher_env())
+
+
+@pytest.mark.slow
+def test_a_nan_on_rank_1_alone_stops_both_ranks_with_true_lines(shapes_data, tiny_cfg, tmp_path):
+    proc = torchrun_injected("3@1", shapes_data, tiny_cfg, tmp_path, "ddp")
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "ERROR: non-finite loss at epoch" in line]
+    last = tmp_path / "ddp" / "weights" / "last.pt"
     # the first rank to exit makes torchrun end the other, which may not have printed yet
-    assert errors and all("epoch 1 batch 1" in e for e in errors), proc.stderr[-3000:]
+    assert errors, proc.stderr[-3000:]
+    for error in errors:
+        assert "epoch 1 batch 1 on rank 1 (box nan, obj nan, cls nan)" in error, error
+        assert "last.pt at epoch 1 batch 1 (resumable); best.pt from epoch 0." in error, error
+        assert f"torchrun --nproc_per_node 2 train.py --resume {last}" in error, error
     assert "utils/training" not in proc.stderr, "a rank printed a traceback"  # torchrun's own summary may follow
-    ckpt = load_checkpoint(tmp_path / "ddp" / "weights" / "last.pt")
+    ckpt = load_checkpoint(last)
     assert ckpt["next_position"] == [1, 1] and all_finite(ckpt["model"])
 
 
+@pytest.mark.slow
+def test_stop_training_on_rank_0_stops_every_rank_at_that_step(shapes_data, tiny_cfg, tmp_path):
+    proc = torchrun_injected("stop@2", shapes_data, tiny_cfg, tmp_path, "stop")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "set stop_training" in line]
+    assert len(lines) == 1 and "callback 'enough' on hook 'on_train_batch_end'" in lines[0], proc.stderr[-3000:]
+    assert "last.pt at epoch 1 batch 1 (resumable)" in lines[0]
+    assert "torchrun --nproc_per_node 2 train.py --resume" in lines[0]
+    assert load_checkpoint(tmp_path / "stop" / "weights" / "last.pt")["next_position"] == [1, 1]
+
+
 def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, monkeypatch, capsys):
-    """docs/training.md's ten-line logger, run as written except for a tiny data set and model."""
+    """docs/training.md's YOLOv5-shaped logger, run as written except for a tiny data set and model."""
     text = (ROOT / "docs" / "training.md").read_text()
     example = text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     real_run = train.run
@@ -231,3 +343,4 @@ def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, mon
     exec(compile(example, "docs/training.md", "exec"), {"__name__": "example"})
     out = capsys.readouterr().out
     assert "epoch 0: mAP50 " in out and "epoch 1: mAP50 " in out and "fitness" in out
+    assert f"finished after epoch 1: {tmp_path / 'doc' / 'weights' / 'best.pt'}" in out

@@ -77,8 +77,14 @@ def test_resume_under_ddp_matches_uninterrupted(ddp_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_batch_not_divisible_by_world_size_is_a_clear_error(shapes_data, tiny_cfg, tmp_path):
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "5"], "--batch-size 5 must be a multiple of the world size 2"),
+    (["--batch-size", "4", "--micro-batch", "4"], "makes 1 micro-batches a step, which 2 processes cannot share"),
+])
+def test_a_world_size_refused_is_one_error_line_from_rank_0(shapes_data, tiny_cfg, tmp_path, flags, message):
     proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, "--imgsz", "64",
-                    "--batch-size", "5", "--device", "cpu", timeout=200)
+                    "--device", "cpu", *flags, timeout=200)
     assert proc.returncode != 0
-    assert "--batch-size 5 must be a multiple of the world size 2" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]
+    assert not any(tmp_path.iterdir()), "a refused run leaves no run folder"

@@ -1,6 +1,7 @@
 """``--micro-batch N``: the same run gives the same bits on 1, 2 and 4 processes (gloo on CPU), and a
 resume may change the number of processes."""
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from tests.support.launchers import launcher_env, saved_position, sigterm_in_epo
 from tests.support.run_outputs import assert_identical
 from utils.dataset.sampling import DeterministicBatchSampler
 from utils.errors import UserError
+from utils.training import micro_batches
 from utils.training.micro_batches import BatchNormStats, check_micro_batch, tree_sum
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,12 +110,69 @@ def test_batch_norm_statistics_are_captured_then_folded_in_order():
         bn(x).sum().backward()
         captured.append(stats.end())
         assert torch.equal(bn.running_mean, torch.zeros(3)) and int(bn.num_batches_tracked) == 0
-    assert torch.allclose(captured[1][0][0], inputs[1].mean((0, 2, 3)))
+    assert torch.allclose(captured[1][0][0][0], inputs[1].mean((0, 2, 3))), "layer 0, call 0, mean"
     stats.fold(captured)
     reference = nn.BatchNorm2d(3, momentum=0.1).train()
     for x in inputs:
         reference(x)
     assert torch.allclose(bn.running_mean, reference.running_mean) and int(bn.num_batches_tracked) == 3
+
+
+def captured_and_folded(module: nn.Module, inputs: list) -> nn.Module:
+    """``module`` after its micro-batches ``inputs`` ran with their statistics captured, then folded in order."""
+    stats = BatchNormStats(module)
+    captured = []
+    for x in inputs:
+        stats.begin()
+        module(x).sum().backward()
+        captured.append(stats.end())
+    stats.fold(captured)
+    return module
+
+
+def test_a_cumulative_average_batch_norm_folds_like_batch_norm_itself():
+    torch.manual_seed(0)
+    inputs = [torch.randn(4, 3, 5, 5) * (i + 1) + i for i in range(3)]
+    folded = captured_and_folded(nn.Sequential(nn.BatchNorm2d(3, momentum=None).train()), inputs)[0]
+    reference = nn.BatchNorm2d(3, momentum=None).train()
+    for x in inputs:
+        reference(x)
+    assert int(folded.num_batches_tracked) == 3
+    assert torch.allclose(folded.running_mean, reference.running_mean)
+    assert torch.allclose(folded.running_var, reference.running_var)
+    assert not torch.allclose(reference.running_mean, inputs[-1].mean((0, 2, 3))), "the average has memory"
+
+
+class TwiceNormed(nn.Module):
+    """One BatchNorm called twice in a forward pass, on different inputs (as a shared-norm block does)."""
+
+    def __init__(self, momentum):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.bn = nn.BatchNorm2d(3, momentum=momentum)
+
+    def forward(self, x):
+        return self.bn(self.conv(self.bn(x)) * 3 + 1)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_batch_norm_called_twice_folds_both_calls(momentum, micro_batches):
+    torch.manual_seed(0)
+    full = torch.randn(8, 3, 5, 5) * 2 + 1
+    model = TwiceNormed(momentum).train()
+    reference = copy.deepcopy(model)
+    folded = captured_and_folded(model, list(full.chunk(micro_batches)))
+    with torch.no_grad():
+        for x in full.chunk(micro_batches):  # each micro-batch's forward on its own, in order
+            reference(x)
+    assert int(folded.bn.num_batches_tracked) == int(reference.bn.num_batches_tracked) == 2 * micro_batches
+    assert torch.allclose(folded.bn.running_mean, reference.bn.running_mean)
+    assert torch.allclose(folded.bn.running_var, reference.bn.running_var)
+
+
+def test_the_sampler_alone_shares_micro_batches_out():
+    assert not hasattr(micro_batches, "rank_share"), "a second copy of DeterministicBatchSampler.step_share"
 
 
 # ------------------------------------------------------------------------------------------ training runs

@@ -2,6 +2,7 @@
 
 import datetime
 import logging
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -118,6 +119,22 @@ def gather_objects(obj, info: DistInfo) -> list:
     gathered = [None] * info.world_size
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+@contextmanager
+def refused_alike(info: DistInfo):
+    """Around a check every rank makes alike (the world size, the batch size): a UserError it raises is printed
+    once, by rank 0, and every rank exits with 2 once rank 0 has printed it (no time depends on it: a
+    barrier). Without a process group the error goes on to the caller."""
+    try:
+        yield
+    except UserError as e:
+        if not (info.enabled and dist.is_initialized()):
+            raise
+        if info.is_main:
+            print(f"ERROR: {e}", file=sys.stderr, flush=True)
+        dist.barrier()
+        raise SystemExit(2) from None
 
 
 def destroy_process_group(info: DistInfo) -> None:

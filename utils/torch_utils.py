@@ -283,17 +283,6 @@ class ModelEMA:
             setattr(self.ema, k, v)
 
 
-def optimizer_step(model, optimizer, scaler, ema) -> None:
-    """Unscale, clip gradients at 10, step, update the scaler and the EMA."""
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad()
-    if ema:
-        ema.update(model)
-
-
 def smart_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.001, momentum: float = 0.9,
                     decay: float = 1e-5) -> torch.optim.Optimizer:
     """An optimizer with YOLOv5's three parameter groups.

@@ -49,12 +49,14 @@ class ProgressHook(TrainHook):
 
     HEADER = ("Epoch", "GPU_mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
 
-    def __init__(self, every: int):
+    def __init__(self, every: int, world_size: int = 1):
         self.every = every  # on CUDA the text reads the losses, so it waits for the GPU: not every batch
         self.bar = None
+        # the labels of rank 0's images only: counting every rank's would cost a collective per step
+        self.header = self.HEADER if world_size == 1 else (*self.HEADER[:5], "Inst/rank0", self.HEADER[6])
 
     def before_epoch(self, loop) -> None:
-        LOGGER.info(("\n" + "%11s" * 7) % self.HEADER)
+        LOGGER.info(("\n" + "%11s" * 7) % self.header)
         first = loop.start_batch if loop.epoch == loop.start_epoch else 0
         self.bar = tqdm(total=loop.nb, initial=first, bar_format="{l_bar}{bar:10}{r_bar}")
 
@@ -103,18 +105,22 @@ class CallbackHook(TrainHook):
 
 class SignalHook(TrainHook):
     """Every rank stops, or writes last.pt mid-epoch (``--save-interval``), at the same batch: a signal
-    any rank received and the main process's save timer are agreed on after each step."""
+    any rank received, the main process's save timer and its callbacks' ``stop_training`` are agreed on
+    after each step."""
 
     def after_step(self, loop) -> None:
         ctx, main, requested = loop.ctx, loop.dist.is_main, loop.interrupt.requested
         interval_save = main and ctx.saver.interval_due() and not loop.opt.nosave
-        loop.stop_signal, save_now = max_over_ranks([requested, interval_save], loop.dist)
+        asked = main and loop.callbacks.stop_training
+        loop.stop_signal, save_now, asked = max_over_ranks([requested, interval_save, asked], loop.dist)
         loop.interrupted = bool(loop.stop_signal)
         if loop.interrupted and not requested and main:
             LOGGER.warning(f"{signal.Signals(loop.stop_signal).name} received by another rank: "
                            "stopping after this step on every rank")
+        if asked and not loop.stop_request:
+            loop.stop_request = loop.callbacks.stop_request if main else "a callback on rank 0"
         i = loop.batch[0]
-        if i + 1 < loop.nb and (loop.interrupted or save_now):
+        if i + 1 < loop.nb and (loop.interrupted or loop.stop_request or save_now):
             loop.save_last((loop.epoch, i + 1), required=not loop.interrupted)
 
 
@@ -129,7 +135,10 @@ class EpochEndHook(TrainHook):
         cuda_rng, stop = loop.gather_cuda_rng(), False
         if loop.dist.is_main:
             stop = self.validate_log_save(loop, lr, cuda_rng)
-        loop.early_stop = bool(broadcast_object(stop, loop.dist))
+        asked = loop.callbacks.stop_request if loop.dist.is_main else None  # on_fit_epoch_end, on_model_save
+        stop, asked = broadcast_object((stop, asked), loop.dist)
+        loop.early_stop = bool(stop)
+        loop.stop_request = loop.stop_request or asked
 
     def validate_log_save(self, loop, lr: list, cuda_rng) -> bool:
         ctx, epoch, progress = loop.ctx, loop.epoch, loop.progress
@@ -161,7 +170,8 @@ def training_hooks(loop) -> list:
     before the loop decides to stop or save after it), signal agreement and saves, then the epoch's end."""
     main = loop.dist.is_main
     every = 10 if loop.device.type == "cuda" else 1
-    return [*([ProgressHook(every), CallbackHook(loop.callbacks)] if main else []), SignalHook(), EpochEndHook()]
+    progress = ProgressHook(every, loop.dist.world_size)
+    return [*([progress, CallbackHook(loop.callbacks)] if main else []), SignalHook(), EpochEndHook()]
 
 
 def run_callbacks(results_log, trackers, plots: bool, save_dir, names) -> Callbacks:

@@ -14,16 +14,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from utils.augmentations import random_rescale
 from utils.callbacks import Callbacks
-from utils.ddp import DistInfo, barrier, gather_objects, launched_by_torchrun, rank_ordered_mean_hook
+from utils.ddp import DistInfo, broadcast_object, gather_objects, launched_by_torchrun, rank_ordered_mean_hook
 from utils.errors import NonFiniteLoss
 from utils.logging import LOGGER, colorstr
 from utils.loss import ComputeLoss, scale_loss_gains
 from utils.rng_state import cuda_rng_state
-from utils.torch_utils import (DeterminismPolicy, EarlyStopping, ModelEMA, de_parallel, grid_size, optimizer_step,
-                               smart_optimizer)
+from utils.torch_utils import DeterminismPolicy, EarlyStopping, ModelEMA, de_parallel, grid_size, smart_optimizer
 from utils.training.interrupts import GracefulInterrupt
 from utils.training.micro_batches import MicroBatchStep, broadcast_weights, join_micro_batches
-from utils.training.nonfinite import BufferSnapshot, any_rank_nonfinite, nonfinite_message
+from utils.training.nonfinite import (BufferSnapshot, GuardedStep, describe_origins, loss_report, nonfinite_message,
+                                      nonfinite_origins)
 from utils.training.run_state import CheckpointSaver, Optimisation, Progress, restore_training_state, training_state
 from utils.training.schedule import apply_warmup, lr_lambda
 
@@ -67,7 +67,7 @@ class TrainLoop:
                 hooks.before_step()
                 loop.train_step(batch)            # twinned forward, non-finite guard, scoped backward, optimizer step
                 hooks.after_step()                # progress, callbacks, signal agreement, mid-epoch save
-                if a signal stopped it mid-epoch: stop
+                if a signal or stop_training stopped it mid-epoch: stop
             hooks.after_epoch()                   # LR schedule, validation, results.csv, early stop, save
             if stopped: break
         hooks.after_train()                       # always, also after an exception
@@ -92,11 +92,13 @@ class TrainLoop:
         self.hyp = scale_loss_gains(hyp, model.model[-1].nl, ctx.nc, ctx.imgsz)
         self.grid_size = grid_size(model)
         self.buffers = BufferSnapshot(model)
+        self.guarded_step = GuardedStep(optimizer, self.buffers.live)
         self.start_epoch, self.start_batch = 0, 0
         self.epoch, self.batch, self.nb = 0, 0, 0  # where the loop is; batch = (i, imgs, targets, paths)
         self.interrupted, self.interrupt_code, self.elapsed_hours = False, 0, 0.0
         self.stop_signal = 0  # the signal any rank received, shared by all ranks at each batch
         self.early_stop = False
+        self.stop_request = None  # who set Callbacks.stop_training (rank 0's callbacks), once every rank agreed
         self.results, self.interrupt = None, None
         self.callbacks = Callbacks()  # the run's own (results.csv, trackers, plots), then the user's; rank 0
         self.compute_loss, self.n_warmup = None, 0
@@ -135,6 +137,7 @@ class TrainLoop:
         elif self.opt.sync_bn:
             self.parts.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model).to(self.device)
             self.buffers = BufferSnapshot(self.model)
+            self.guarded_step = GuardedStep(self.optimizer, self.buffers.live)
             LOGGER.info("Using SyncBatchNorm()")
         self.parts.model = DDP(self.model, device_ids=[self.dist.local_rank] if cuda else None,
                                output_device=self.dist.local_rank if cuda else None)
@@ -172,7 +175,7 @@ class TrainLoop:
             try:
                 for self.epoch in range(self.start_epoch, self.opt.epochs):
                     finished = self.run_epoch(hooks, self.start_batch if self.epoch == self.start_epoch else 0)
-                    if not finished or self.interrupted or self.early_stop:
+                    if not finished or self.interrupted or self.early_stop or self.stop_request:
                         break
             finally:
                 self._run_hooks(hooks, "after_train")  # also when a step or hook raised, as detectron2's
@@ -180,6 +183,8 @@ class TrainLoop:
             self.interrupt_code = 128 + self.stop_signal if self.stop_signal else self.interrupt.exit_code
         if self.interrupted and finished and self.epoch + 1 == self.opt.epochs:
             self.interrupted = False  # the signal came during the last batch: the run is complete
+        if self.stop_request and finished and self.epoch + 1 == self.opt.epochs:
+            self.stop_request = None  # asked for at the last batch: the run is complete
         self.elapsed_hours = (time.time() - t0) / 3600
         return self.results, self.epoch
 
@@ -207,7 +212,7 @@ class TrainLoop:
             if loss_items is not None:
                 self.progress.mloss = (self.progress.mloss * i + loss_items) / (i + 1)
             self._run_hooks(hooks, "after_step")
-            if self.interrupted and i + 1 < self.nb:
+            if (self.interrupted or self.stop_request) and i + 1 < self.nb:
                 return False
         self._run_hooks(hooks, "after_epoch")
         return True
@@ -231,7 +236,7 @@ class TrainLoop:
 
     def train_step(self, imgs, targets, epoch: int, i: int, nb: int):
         """Forward, the non-finite guard, scoped backward, and an optimizer step when enough gradient has
-        accumulated. Returns the loss terms, or None for a batch skipped for a non-finite loss."""
+        accumulated. Returns the loss terms, or None for a batch skipped for a non-finite loss or step."""
         ni = i + nb * epoch
         accumulate = self.accumulation(ni, epoch)
         self.buffers.take()
@@ -240,11 +245,16 @@ class TrainLoop:
             loss *= self.dist.world_size
         if self.opt.quad:
             loss *= 4.0
-        if any_rank_nonfinite(loss, self.dist):
+        finite = bool(torch.isfinite(loss.detach()).all())
+        origins = nonfinite_origins(None if finite else loss_report(max(self.dist.rank, 0), loss_items), self.dist)
+        if origins:
             self.buffers.restore()  # the forward pass moved BatchNorm's running statistics
-            return self.nonfinite_batch(loss_items, epoch, i)
+            return self.nonfinite_batch("non-finite loss", describe_origins(origins, self.dist.world_size), epoch, i)
         self.backward(loss)
-        self.step_when_due(ni, accumulate)
+        problem = self.step_when_due(ni, accumulate)
+        if problem:
+            self.buffers.restore()
+            return self.nonfinite_batch(problem, "", epoch, i, step=True)
         return loss_items
 
     def train_micro_step(self, micro: list, epoch: int, i: int, nb: int):
@@ -257,11 +267,17 @@ class TrainLoop:
             micro, lambda imgs, targets: self.forward_loss(imgs, targets, epoch, i), ni, self.backward)
         for p, grad in zip(self.micro.params, held):
             p.grad = grad
-        if any_rank_nonfinite(torch.tensor(float("nan") if any(leaf is None for leaf in leaves) else 0.0), self.dist):
-            return self.nonfinite_batch(items[-1] if items else torch.zeros(3), epoch, i)
+        first_bad = next(((m[0], terms) for m, leaf, terms in zip(micro, leaves, items) if leaf is None), None)
+        local = None if first_bad is None else loss_report(max(self.dist.rank, 0), first_bad[1], first_bad[0])
+        origins = nonfinite_origins(local, self.dist)
+        if origins:
+            return self.nonfinite_batch("non-finite loss", describe_origins(origins, self.dist.world_size), epoch, i)
         self.micro.apply(leaves, held)
-        loss_items = self.micro.finish(items, stats)
-        self.step_when_due(ni, accumulate)
+        loss_items = self.micro.loss_terms(items)
+        problem = self.step_when_due(ni, accumulate)
+        if problem:
+            return self.nonfinite_batch(problem, "", epoch, i, step=True)
+        self.micro.fold_batch_norm(stats)  # only for a step that was kept: a bad one leaves them as before it
         return loss_items
 
     def accumulation(self, ni: int, epoch: int) -> int:
@@ -284,22 +300,35 @@ class TrainLoop:
         with self.ctx.policy.backward_scope():
             self.parts.scaler.scale(loss).backward()
 
-    def step_when_due(self, ni: int, accumulate: int) -> None:
-        if ni - self.progress.last_opt_step >= accumulate:
-            optimizer_step(self.model, self.optimizer, self.parts.scaler, self.ema)
-            self.progress.last_opt_step = ni
+    def step_when_due(self, ni: int, accumulate: int) -> str | None:
+        """The optimizer step once enough gradient has accumulated; None, or what made it non-finite (then it
+        was undone, and the next accumulation starts at the next batch this run or a resume trains)."""
+        if ni - self.progress.last_opt_step < accumulate:
+            return None
+        problem = self.guarded_step(self.model, self.parts.scaler, self.ema, self.dist)
+        self.progress.last_opt_step = ni if problem is None or self.opt.nan_policy == "skip" else ni - 1
+        return problem
 
-    def nonfinite_batch(self, loss_items, epoch: int, i: int) -> None:
-        """A non-finite loss on some rank, the model as it was before the batch: skip the batch
-        (``--nan-policy skip``) or save the state before it as last.pt and stop."""
+    def nonfinite_batch(self, what: str, where: str, epoch: int, i: int, step: bool = False) -> None:
+        """A non-finite loss or step, the model as it was before the batch: skip the batch (``--nan-policy
+        skip``) or save the state before it as last.pt and stop, every rank saying what rank 0 left on disk."""
         skipping = self.opt.nan_policy == "skip"
-        message = nonfinite_message(epoch, i, loss_items, self.amp, skipping)
+        message = nonfinite_message(what, where, epoch, i, self.amp, skipping, step)
         if skipping:
             self.progress.skipped += 1
             if self.dist.is_main:
                 LOGGER.warning(message)
             return None
-        self.save_last((epoch, i))
-        barrier(self.dist)  # last.pt is complete before any rank exits (torchrun then ends the others)
-        raise NonFiniteLoss(f"{message}. {self.ctx.saver.describe()} To go on, lower lr0 or fix the labels and "
-                            f"resume (python train.py --resume {self.ctx.saver.last}), or pass --nan-policy skip")
+        self.save_last((epoch, i), required=False)
+        on_disk, resume = self.saved_on_disk()  # a collective: last.pt is complete before any rank exits
+        advice = (f"To go on, lower lr0 or fix the labels and resume ({resume}), or pass --nan-policy skip" if resume
+                  else "Nothing resumable is saved: lower lr0 or fix the labels and start again, or pass "
+                       "--nan-policy skip")
+        raise NonFiniteLoss(f"{message}. {on_disk} {advice}")
+
+    def saved_on_disk(self) -> tuple:
+        """(what last.pt and best.pt hold, the command that resumes last.pt or None), as rank 0, which writes
+        them, knows it; on every rank (all must call it)."""
+        saver = self.ctx.saver
+        return broadcast_object((saver.describe(), saver.resume_advice(self.dist.world_size,
+                                                                         bool(self.opt.micro_batch))), self.dist)

@@ -46,14 +46,6 @@ def check_micro_batch(micro_batch: int, batch_size: int, world_size: int, opt) -
     return count
 
 
-def rank_share(count: int, rank: int, world_size: int, full: int) -> range:
-    """Global indices of the micro-batches rank ``rank`` takes among ``count`` of a step whose full size is
-    ``full``: the rank's slice of a full step, cut short where a short last step has no more."""
-    per_rank = full // world_size
-    start = rank * per_rank
-    return range(min(start, count), min(start + per_rank, count))
-
-
 def tree_sum(leaves: list, lo: int, hi: int):
     """Sum of ``leaves[lo:hi]`` in the balanced binary tree that halves every range (the left half takes the
     extra leaf of an odd range); None leaves are empty. None when every leaf is."""
@@ -93,41 +85,60 @@ def reduce_partials(partial, size: int, info: DistInfo, device) -> torch.Tensor 
 
 class BatchNormStats:
     """Per-micro-batch batch statistics of every BatchNorm layer, folded into the running statistics
-    in global order on every rank."""
+    in global order on every rank.
+
+    A layer's statistics are captured at each of its calls in a forward pass (a block may call one
+    BatchNorm twice), so the fold updates it once per call, in call order, as the forward passes of the
+    micro-batches run one after another would. ``momentum=None`` (a cumulative average) folds with
+    ``1 / num_batches_tracked``, as BatchNorm itself does.
+    """
 
     def __init__(self, model: nn.Module):
         self.layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
                        and m.track_running_stats]
+        self.saved, self.calls, self.handles = [], [], []
 
     def begin(self) -> None:
-        """Before a micro-batch's forward pass: keep the buffers, and let the pass write its batch statistics
-        into them (momentum 1)."""
+        """Before a micro-batch's forward pass: keep the buffers, and let each call write its batch statistics
+        into them (momentum 1), where a forward hook copies them."""
         self.saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone(), m.momentum)
                       for m in self.layers]
-        for m in self.layers:
+        self.calls = [[] for _ in self.layers]
+        for m, calls in zip(self.layers, self.calls):
             m.momentum = 1.0
+            self.handles.append(m.register_forward_hook(self._capture(calls)))
+
+    @staticmethod
+    def _capture(calls: list):
+        def hook(module, inputs, output):
+            if module.training:
+                calls.append((module.running_mean.detach().clone(), module.running_var.detach().clone()))
+        return hook
 
     def end(self) -> list:
-        """After its backward pass (which reads the buffers): ``[(mean, var) per layer]`` of the micro-batch,
-        and the buffers as they were before it."""
-        stats = [(m.running_mean.detach().clone(), m.running_var.detach().clone()) for m in self.layers]
+        """After its backward pass (which reads the buffers): ``[[(mean, var) per call] per layer]`` of the
+        micro-batch, and the buffers as they were before it."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
         with torch.no_grad():
             for m, (mean, var, tracked, momentum) in zip(self.layers, self.saved):
                 m.running_mean.copy_(mean)
                 m.running_var.copy_(var)
                 m.num_batches_tracked.copy_(tracked)
                 m.momentum = momentum
-        return stats
+        return self.calls
 
     def fold(self, ordered: list) -> None:
-        """Update the running statistics with each micro-batch's ``[(mean, var) per layer]``, in order."""
+        """Update the running statistics with each micro-batch's ``[[(mean, var) per call] per layer]``, in order."""
         with torch.no_grad():
             for stats in ordered:
-                for m, (mean, var) in zip(self.layers, stats):
-                    rate = m.momentum
-                    m.running_mean.copy_(m.running_mean * (1 - rate) + mean.to(m.running_mean) * rate)
-                    m.running_var.copy_(m.running_var * (1 - rate) + var.to(m.running_var) * rate)
-                    m.num_batches_tracked.add_(1)
+                for m, calls in zip(self.layers, stats):
+                    for mean, var in calls:
+                        m.num_batches_tracked.add_(1)
+                        rate = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+                        m.running_mean.copy_(m.running_mean * (1 - rate) + mean.to(m.running_mean) * rate)
+                        m.running_var.copy_(m.running_var * (1 - rate) + var.to(m.running_var) * rate)
 
 
 def in_global_order(local: list, info: DistInfo) -> list:
@@ -192,7 +203,7 @@ class MicroBatchStep:
                     bn = self.bn.end()
             leaves.append(flat_grads(self.params) if finite else None)
             items.append(loss_items.detach().cpu())
-            stats.append([(mean.cpu(), var.cpu()) for mean, var in bn])
+            stats.append([[(mean.cpu(), var.cpu()) for mean, var in calls] for calls in bn])
         return leaves, items, stats
 
     def apply(self, leaves: list, held: list) -> None:
@@ -207,11 +218,14 @@ class MicroBatchStep:
             offset += p.numel()
             p.grad = grad if before is None else before + grad
 
-    def finish(self, items: list, stats: list) -> torch.Tensor:
-        """BatchNorm statistics folded in global order; returns the step's loss terms, averaged in that order."""
-        self.bn.fold(in_global_order(stats, self.info))
+    def loss_terms(self, items: list) -> torch.Tensor:
+        """The step's loss terms: every rank's micro-batches averaged in global order."""
         ordered = in_global_order(items, self.info)
         total = ordered[0].clone()
         for item in ordered[1:]:
             total = total + item
         return (total / len(ordered)).to(self.device)
+
+    def fold_batch_norm(self, stats: list) -> None:
+        """Every rank's micro-batch BatchNorm statistics folded in global order (after the step was kept)."""
+        self.bn.fold(in_global_order(stats, self.info))

@@ -11,6 +11,7 @@ training after a failed save only while an earlier good ``last.pt`` exists; only
 holding the final state is stripped and checksummed (from the file), never a stale one.
 """
 
+import shlex
 import time
 from copy import deepcopy
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from utils.determinism.reproducibility import record_checksum
 from utils.rng_state import get_rng_state
 from utils.torch_utils import de_parallel
 from utils.torchvision_ops import version as torchvision_version
+from utils.training.nonfinite import all_finite
 from utils.user_modules import CHECKPOINT_KEY, module_records
 
 
@@ -173,6 +175,15 @@ def error_text(error: Exception) -> str:
     return first_line(error)
 
 
+class NonFiniteWeights(ValueError):
+    """A state whose weights hold NaN or inf: never written (it would replace a good file with a useless one)."""
+
+
+def weights_finite(state: dict) -> bool:
+    """True when the model's and the EMA's weights in ``state`` are all finite."""
+    return all(all_finite(list((state.get(key) or {}).values())) for key in ("model", "ema"))
+
+
 class CheckpointSaver:
     """Writes last.pt / best.pt / epochN.pt and records what each file on disk actually holds.
 
@@ -223,6 +234,21 @@ class CheckpointSaver:
                     f"with train.py's arguments replaced by --resume {self.last}")
         return f"python train.py --resume {self.last}"
 
+    def resume_advice(self, world_size: int, any_world_size: bool = False) -> str | None:
+        """The command that continues from last.pt as it is, or None when it cannot be resumed: a mid-epoch
+        checkpoint of W processes needs W again, unless ``any_world_size`` (``--micro-batch``)."""
+        if not self.resumable:
+            return None
+        command = f"python train.py --resume {shlex.quote(str(self.last))}"
+        if world_size == 1:
+            return command
+        if self.last_position[1] and not any_world_size:
+            return (f"torchrun --nproc_per_node {world_size} train.py --resume {shlex.quote(str(self.last))}: "
+                    f"{world_size} processes in all, on one node or several, as wrote it mid-epoch")
+        if any_world_size:
+            return f"{command}, or torchrun with any process count that --micro-batch allows"
+        return f"{command}, or torchrun with any process count that divides --batch-size"
+
     def save_last(self, state: dict, required: bool = True) -> bool:
         """Write last.pt. On failure: warn and go on if an earlier good last.pt exists; otherwise
         raise :class:`CheckpointNotSaved` when ``required`` (training must not continue unsaved)."""
@@ -236,8 +262,10 @@ class CheckpointSaver:
             LOGGER.warning(f"{message}{held}, {epochs_behind(self.last_position, position)}"
                            f"{'; training continues' if required else ''}")
         elif required:
+            fix = ("lower lr0 or fix the labels" if isinstance(error, NonFiniteWeights)
+                   else f"free space or fix permissions in {self.weights_dir}")
             raise CheckpointNotSaved(f"{message}no earlier last.pt of this run exists, so nothing is saved; "
-                                     f"free space or fix permissions in {self.weights_dir}, then start again")
+                                     f"{fix}, then start again")
         else:
             LOGGER.error(f"{message}no last.pt of this run exists")
         return False
@@ -279,6 +307,8 @@ class CheckpointSaver:
         if not self._orphans_checked:
             self._orphans_checked = True
             self._remove_orphans()
+        if not weights_finite(state):
+            return NonFiniteWeights("its weights hold NaN or inf, so it was not written")
         try:
             save_checkpoint(state, path, on_commit=on_commit)
         except (OSError, RuntimeError) as e:
