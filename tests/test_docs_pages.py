@@ -215,6 +215,9 @@ REPOSITORY_FOLDERS = ("benchmarks", "data", "docs", "models", "tests", "utils", 
 PLACEHOLDER = re.compile(r"[*<>$]|\b[A-Z]{2,}\b|\.\.\.")  # models/NAME.yaml, X.Y, $VAR, globs: not a real name
 
 
+USER_FILE_FLAGS = ("--modules",)  # their value is the user's own file, not one of the repository's
+
+
 def repository_files_named(command: str) -> list:
     """The words of a shell command that name a file or folder of this repository (``models/x.yaml``,
     ``train.py``, ``tests/test_a.py::test_b``)."""
@@ -223,7 +226,9 @@ def repository_files_named(command: str) -> list:
     except ValueError:  # an unbalanced quote: the bash -n check reports it
         return []
     named = []
-    for word in words:
+    for previous, word in zip([""] + words, words):
+        if previous in USER_FILE_FLAGS or word.split("=", 1)[0] in USER_FILE_FLAGS:
+            continue
         word = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
         path = word.split("::", 1)[0]
         if PLACEHOLDER.search(path):
@@ -241,6 +246,8 @@ def test_the_file_finder_reads_repository_names_only():
     assert repository_files_named("python -m pytest -q tests/test_a.py::test_b models/NAME.yaml docs/*.md") == [
         "tests/test_a.py"]
     assert written_by(["sed 's#a#b#' data/shapes.yaml > data/shapes24.yaml", "echo 2>&1"]) == {"data/shapes24.yaml"}
+    assert repository_files_named("python val.py --modules my_blocks.py --modules=blocks2.py --cfg models/a.yaml") == [
+        "val.py", "models/a.yaml"]
 
 
 def written_by(commands: list) -> set:
