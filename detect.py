@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
-from models.experimental import tta_forward  # noqa: E402
+from models.experimental import eval_forward  # noqa: E402
+from utils.batch_invariance import eval_micro_batch, run_batch_invariant  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.feature_maps import recorded_layer_outputs, save_feature_maps  # noqa: E402
 from utils.files import increment_path, yaml_load  # noqa: E402
@@ -220,6 +221,13 @@ def auto_batch_size(device, imgsz) -> int:
     return int(min(8, max(1, 8 * 256 * 256 // (imgsz[0] * imgsz[1]))))
 
 
+def frames_per_batch(batch_size: int, device, imgsz, visualizing: bool) -> int:
+    """``--batch-size``, or :func:`auto_batch_size` for 0; with --visualize at most one forward pass's frames,
+    because the feature maps are those of a batch's first pass."""
+    batch_size = batch_size or auto_batch_size(device, imgsz)
+    return min(batch_size, eval_micro_batch(device)) if visualizing else batch_size
+
+
 def frame_batches(dataset, batch_size: int):
     """Consecutive frames of one letterboxed shape, at most ``batch_size`` per list (always 1 for a webcam)."""
     batch_size = 1 if isinstance(dataset, Webcam) else batch_size
@@ -239,7 +247,9 @@ def frame_batches(dataset, batch_size: int):
 
 
 def predict_frames(model, frames, slicer, device, half, augment, nms_options):
-    """Detections (n, 6) in original pixels for each frame, and (pre-process, inference, NMS) seconds."""
+    """Detections (n, 6) in original pixels for each frame, and (pre-process, inference, NMS) seconds.
+    The model runs at a fixed number of frames per pass (utils/batch_invariance.py), NMS per frame: a frame's
+    detections do not depend on the other frames of its batch."""
     t0 = t1 = time_sync()
     if slicer is not None:  # slices the original frames: tiles, full pass and merge all count as inference
         dets = [slicer(f.im0).to(device) for f in frames]
@@ -250,7 +260,7 @@ def predict_frames(model, frames, slicer, device, half, augment, nms_options):
         im = torch.from_numpy(np.stack([f.im.transpose(1, 2, 0) for f in frames])).to(device).permute(0, 3, 1, 2)
         im = (im.half() if half else im.float()) / 255
         t1 = time_sync()
-        pred = tta_forward(model, im)[0] if augment else model(im)[0]
+        pred = run_batch_invariant(eval_forward(model, augment), im)[0]
         t2 = time_sync()
         dets = non_max_suppression(pred, **nms_options)
         for det, f in zip(dets, frames):
@@ -312,9 +322,9 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     if half:
         model.half()
     names = class_names(model, data, classes)
-    batch_size = batch_size or auto_batch_size(device, imgsz)
+    batch_size = frames_per_batch(batch_size, device, imgsz, visualizing=layers is not None)
     dataset = open_source(source, imgsz, stride, vid_stride)
-    slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
+    slicer = sliced_predictor(eval_forward(model, augment), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
                               device, half, classes, agnostic_nms)
     make_run_folder(save_dir / "labels" if save_txt else save_dir)
