@@ -8,7 +8,9 @@ ATen's own kernels, ``ONEDNN_MAX_CPU_ISA`` that of oneDNN's convolutions, ``MKL_
 Each row trains the same 1-epoch run (seed 0, ``--workers 0``, ``OMP_NUM_THREADS`` = ``--threads``) on a
 generated shapes set in a fresh process under one combination and prints the final EMA checksum
 (determinism.json's ``final_ema_sha256``) and the wall time of the process. Rows with equal checksums agree
-bit for bit. A study, not a test: a few minutes on one core.
+bit for bit. Then the cost: the median seconds of a training step (forward and backward, ``--cfg`` at 256 px,
+batch 8, 5 steps after one warm-up) in a fresh process under each pin at its own level, against nothing pinned.
+A study, not a test: a few minutes on one core.
 """
 
 import json
@@ -26,10 +28,24 @@ from utils.options import OptionRules
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPABILITIES = ("default", "avx2", "avx512")
-# (label, extra environment); ATEN_CPU_CAPABILITY is added per capability
-PINS = (("nothing pinned", {}),
-        ("oneDNN AVX2, MKL AVX2", {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}),
-        ("oneDNN SSE4.1, MKL COMPATIBLE", {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"}))
+# (label, extra environment, the ATen capability of the same level); ATEN_CPU_CAPABILITY is added per capability
+PINS = (("nothing pinned", {}, "avx512"),
+        ("oneDNN AVX2, MKL AVX2", {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}, "avx2"),
+        ("oneDNN SSE4.1, MKL COMPATIBLE", {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"}, "default"))
+# Runs in a fresh process: median seconds of a training step of the model argv[1] (256 px, batch 8)
+STEP = """
+import statistics, sys, time, torch
+from models.yolo import Model
+torch.manual_seed(0)
+model = Model(sys.argv[1], nc=4).train()
+x = torch.rand(8, 3, 256, 256)
+seconds = []
+for _ in range(6):
+    start = time.perf_counter()
+    sum(o.square().mean() for o in model(x)).backward()
+    seconds.append(time.perf_counter() - start)
+print("STEP", statistics.median(seconds[1:]))
+"""
 
 
 def make_data(root: Path, n_train: int) -> Path:
@@ -57,6 +73,17 @@ def train_once(args, data: Path, out: Path, name: str, env: dict) -> tuple:
     return report["final_ema_sha256"], seconds
 
 
+def step_seconds(args, env: dict) -> float:
+    """Median seconds of a training step of ``--cfg`` in a fresh process under ``env``."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), **env}
+    done = subprocess.run([sys.executable, "-c", STEP, args.cfg], cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, preexec_fn=request_stop_with_parent)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("STEP ")]
+    if done.returncode or not lines:
+        raise UserError(f"timing under {env} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+    return float(lines[-1].split()[1])
+
+
 RULES = OptionRules(positive=("imgsz", "images", "threads"), files=("cfg",))
 
 
@@ -72,11 +99,17 @@ def main(argv=None):
     data = make_data(work, args.images)
     print(f"{Path(args.cfg).stem}, {args.imgsz} px, 1 epoch, {args.images} images, {args.threads} thread(s)")
     print("| pinned | ATEN_CPU_CAPABILITY | final EMA sha256 (first 16) | seconds |\n|---|---|---|---|")
-    for p, (label, env) in enumerate(PINS):
+    for p, (label, env, _) in enumerate(PINS):
         for capability in CAPABILITIES:
             sha, seconds = train_once(args, data, work / "runs", f"p{p}_{capability}",
                                          {**env, "ATEN_CPU_CAPABILITY": capability})
             print(f"| {label} | {capability} | {sha[:16]} | {seconds:.1f} |", flush=True)
+    print("\n| pinned | ATEN_CPU_CAPABILITY | s per training step | ratio |\n|---|---|---|---|")
+    base = None
+    for label, env, capability in PINS:
+        seconds = step_seconds(args, {**env, "ATEN_CPU_CAPABILITY": capability})
+        base = base or seconds
+        print(f"| {label} | {capability} | {seconds:.3f} | {seconds / base:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
