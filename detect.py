@@ -213,8 +213,10 @@ class Frame(NamedTuple):
 def auto_batch_size(device, imgsz) -> int:
     """Frames per forward pass for ``--batch-size 0``: 8 on CUDA; on CPU as many as fit in 8 x 256^2 pixels.
 
-    On CPU batching pays for small inputs (YOLOv5n at 256 px: 2.0x per image at batch 8) and loses
-    for large ones (FFCA-YOLO at 640 px: 0.83x), where one image's activations already fill the caches.
+    On CPU batching paid for small inputs (YOLOv5n at 256 px: 2.0x per image at batch 8) and lost
+    for large ones (FFCA-YOLO at 640 px: 0.83x), where one image's activations already fill the caches; the
+    model now runs one frame per pass on the CPU whatever the batch (utils/batch_invariance.py), so there the
+    batch only groups frames.
     """
     if device.type == "cuda":
         return 8
@@ -260,7 +262,7 @@ def predict_frames(model, frames, slicer, device, half, augment, nms_options):
         im = torch.from_numpy(np.stack([f.im.transpose(1, 2, 0) for f in frames])).to(device).permute(0, 3, 1, 2)
         im = (im.half() if half else im.float()) / 255
         t1 = time_sync()
-        pred = run_batch_invariant(eval_forward(model, augment), im)[0]
+        pred = run_batch_invariant(eval_forward(model, augment), im, model.fixed_shape)[0]
         t2 = time_sync()
         dets = non_max_suppression(pred, **nms_options)
         for det, f in zip(dets, frames):

@@ -305,7 +305,8 @@ def _predict_batch(model, slicer, im, targets, paths, shapes, half, augment, com
     nb, _, height, width = im.shape
     t1 = time_sync()
     if slicer is None:
-        preds, train_out = run_batch_invariant(eval_forward(model, augment), im)
+        fixed_shape = getattr(model, "fixed_shape", None)  # a static export: its own batch per pass
+        preds, train_out = run_batch_invariant(eval_forward(model, augment), im, fixed_shape)
     else:  # tiles, full pass and merge count as inference (as in detect.py), mapped into letterboxed pixels
         preds = [to_letterbox(slicer.predict_file(p), s[1]).to(im.device) for p, s in zip(paths, shapes)]
     t2 = time_sync()

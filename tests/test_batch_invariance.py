@@ -27,7 +27,9 @@ def write_mixed_set(root: Path) -> Path:
         im = noise(h, w, seed=100 + i)
         cv2.rectangle(im, (w // 4, h // 4), (w // 2, h // 2), (255, 255, 255), -1)
         cv2.imwrite(str(images / f"{i}.png"), im)
-        rows = [f"{i % len(NAMES)} 0.375 0.375 0.25 0.25"] + ([f"{(i + 1) % len(NAMES)} 0.7 0.7 0.2 0.3"] if i % 2 else [])
+        rows = [f"{i % len(NAMES)} 0.375 0.375 0.25 0.25"]
+        if i % 2:
+            rows.append(f"{(i + 1) % len(NAMES)} 0.7 0.7 0.2 0.3")
         (labels / f"{i}.txt").write_text("\n".join(rows) + "\n")
     yaml_file = root / "mixed.yaml"
     yaml_file.write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames: {NAMES}\n")
@@ -80,6 +82,7 @@ def test_micro_batches_pad_with_zero_images_and_keep_the_output_structure():
     assert torch.equal(sums, images.sum((1, 2, 3))) and torch.equal(first_channel, images[:, :1] * 2)
     assert nothing is None
     assert eval_micro_batch("cpu") == 1 and eval_micro_batch(torch.device("cuda", 0)) > 1
+    assert eval_micro_batch("cpu", fixed_shape=(4, 64, 64)) == 4  # a static export runs at its own batch
 
 
 def test_raw_outputs_of_an_image_are_bitwise_the_same_alone_and_in_batches_of_3_and_16(varied_model):

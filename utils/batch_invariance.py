@@ -19,8 +19,11 @@ import torch
 CUDA_MICRO_BATCH = 8  # images per forward on CUDA: keeps the GPU busy; zero images pad the last chunk
 
 
-def eval_micro_batch(device) -> int:
-    """Images per forward pass on ``device`` (a torch.device or its string): 1 on the CPU, 8 on CUDA."""
+def eval_micro_batch(device, fixed_shape=None) -> int:
+    """Images per forward pass on ``device`` (a torch.device or its string): 1 on the CPU, 8 on CUDA; for a
+    static export (``fixed_shape`` ``(batch, h, w)``) its own batch, which it pads to anyway."""
+    if fixed_shape is not None:
+        return int(fixed_shape[0])
     return CUDA_MICRO_BATCH if torch.device(device).type == "cuda" else 1
 
 
@@ -63,9 +66,9 @@ def forward_in_micro_batches(forward: Callable, images: torch.Tensor, micro_batc
     return _joined(outputs)
 
 
-def run_batch_invariant(forward: Callable, images: torch.Tensor):
+def run_batch_invariant(forward: Callable, images: torch.Tensor, fixed_shape=None):
     """``forward(images)`` at :func:`eval_micro_batch` images per pass on the images' device."""
-    return forward_in_micro_batches(forward, images, eval_micro_batch(images.device))
+    return forward_in_micro_batches(forward, images, eval_micro_batch(images.device, fixed_shape))
 
 
 def batch_invariant(forward: Callable, device) -> Callable:
