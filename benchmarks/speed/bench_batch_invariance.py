@@ -8,13 +8,13 @@ Two generated held-out sets of ``--images`` noise images with boxes: ``square`` 
 ``--imgsz`` with val.py's defaults (conf 0.001, IoU 0.6, batch ``--batch-size``, no plots, no workers). Each
 tree runs in its own process (cwd = that tree, so each imports its own val.py) with ``--threads`` threads; one
 warm-up pass, then ``--passes`` timed passes. The two trees alternate for ``--rounds`` rounds, so a change in
-machine load falls on both. Printed: the median seconds per pass of each tree and their ratio (this / baseline),
-which is what to read on a shared machine. A benchmark, not a test.
+machine load falls on both. Printed: the median wall and CPU seconds per pass of each tree and their ratios
+(this / baseline). On a shared machine read the CPU-time ratio: the process's own CPU time (one thread, no
+loader workers) moves far less with other jobs than its wall time. A benchmark, not a test.
 """
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +33,8 @@ NAMES = ["a", "b", "c", "d"]
 MIXED_SIDES = [(240, 720), (720, 240), (480, 640), (640, 480), (360, 800), (800, 360), (512, 512), (600, 300),
                (300, 600), (450, 700)]  # (h, w) cycled over the mixed set
 
-# Runs in the tree under test (cwd): one warm-up pass, then timed passes; prints one JSON line of seconds.
+# Runs in the tree under test (cwd): one warm-up pass, then timed passes; prints one JSON line of
+# [wall, CPU] seconds per pass.
 CHILD = """
 import json, os, sys, time
 sys.path.insert(0, os.getcwd())
@@ -41,10 +42,10 @@ import val
 data, weights, imgsz, batch, passes, out = sys.argv[1:]
 seconds = []
 for i in range(int(passes) + 1):
-    t0 = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     val.run(data, weights=weights, batch_size=int(batch), imgsz=int(imgsz), device="cpu", workers=0, plots=False,
             half=False, project=out, name="val", exist_ok=True)
-    seconds.append(time.perf_counter() - t0)
+    seconds.append([time.perf_counter() - wall, time.process_time() - cpu])
 print("SECONDS " + json.dumps(seconds[1:]))
 """
 
@@ -77,7 +78,7 @@ def write_checkpoint(cfg: Path, path: Path) -> Path:
 
 
 def time_tree(tree: Path, data: Path, weights: Path, args, out: Path) -> list:
-    """Seconds of each timed val.run pass in ``tree``."""
+    """[wall, CPU] seconds of each timed val.run pass in ``tree``."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     done = subprocess.run([sys.executable, "-c", CHILD, str(data), str(weights), str(args.imgsz),
                            str(args.batch_size), str(args.passes), str(out)], cwd=tree, env=env, capture_output=True,
@@ -113,14 +114,16 @@ def main(argv=None):
             "mixed": write_set(work / "mixed", [MIXED_SIDES[i % len(MIXED_SIDES)] for i in range(args.images)])}
     print(f"torch {torch.__version__}, CPU, {args.threads} thread(s), {Path(args.cfg).stem} at {args.imgsz}, "
           f"{args.images} images, batch {args.batch_size}, {args.rounds} rounds x {args.passes} passes")
-    print(f"{'set':8s} {'this (s)':>10s} {'baseline (s)':>13s} {'ratio':>7s}")
+    print(f"{'set':8s} {'wall: this':>11s} {'baseline':>9s} {'ratio':>6s} | {'CPU: this':>10s} {'baseline':>9s} "
+          f"{'ratio':>6s}")
     for name, data in sets.items():
         times = {"this": [], "baseline": []}
         for _ in range(args.rounds):
             for side, tree in (("this", ROOT), ("baseline", baseline)):
                 times[side] += time_tree(tree, data, weights, args, work / side)
-        this, base = statistics.median(times["this"]), statistics.median(times["baseline"])
-        print(f"{name:8s} {this:10.3f} {base:13.3f} {this / base:7.3f}")
+        (wall, cpu), (base_wall, base_cpu) = (np.median(np.array(times[side]), 0) for side in ("this", "baseline"))
+        print(f"{name:8s} {wall:11.3f} {base_wall:9.3f} {wall / base_wall:6.3f} | {cpu:10.3f} {base_cpu:9.3f} "
+              f"{cpu / base_cpu:6.3f}", flush=True)
 
 
 if __name__ == "__main__":
