@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
-from models.experimental import tta_forward  # noqa: E402
+from models.experimental import eval_forward  # noqa: E402
+from utils.batch_invariance import eval_micro_batch, run_batch_invariant  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.user_modules import load_user_modules  # noqa: E402
 from utils.feature_maps import recorded_layer_outputs, save_feature_maps  # noqa: E402
@@ -213,12 +214,21 @@ class Frame(NamedTuple):
 def auto_batch_size(device, imgsz) -> int:
     """Frames per forward pass for ``--batch-size 0``: 8 on CUDA; on CPU as many as fit in 8 x 256^2 pixels.
 
-    On CPU batching pays for small inputs (YOLOv5n at 256 px: 2.0x per image at batch 8) and loses
-    for large ones (FFCA-YOLO at 640 px: 0.83x), where one image's activations already fill the caches.
+    On CPU batching paid for small inputs (YOLOv5n at 256 px: 2.0x per image at batch 8) and lost
+    for large ones (FFCA-YOLO at 640 px: 0.83x), where one image's activations already fill the caches; the
+    model now runs one frame per pass on the CPU whatever the batch (utils/batch_invariance.py), so there the
+    batch only groups frames.
     """
     if device.type == "cuda":
         return 8
     return int(min(8, max(1, 8 * 256 * 256 // (imgsz[0] * imgsz[1]))))
+
+
+def frames_per_batch(batch_size: int, device, imgsz, visualizing: bool) -> int:
+    """``--batch-size``, or :func:`auto_batch_size` for 0; with --visualize at most one forward pass's frames,
+    because the feature maps are those of a batch's first pass."""
+    batch_size = batch_size or auto_batch_size(device, imgsz)
+    return min(batch_size, eval_micro_batch(device)) if visualizing else batch_size
 
 
 def frame_batches(dataset, batch_size: int):
@@ -240,7 +250,9 @@ def frame_batches(dataset, batch_size: int):
 
 
 def predict_frames(model, frames, slicer, device, half, augment, nms_options):
-    """Detections (n, 6) in original pixels for each frame, and (pre-process, inference, NMS) seconds."""
+    """Detections (n, 6) in original pixels for each frame, and (pre-process, inference, NMS) seconds.
+    The model runs at a fixed number of frames per pass (utils/batch_invariance.py), NMS per frame: a frame's
+    detections do not depend on the other frames of its batch."""
     t0 = t1 = time_sync()
     if slicer is not None:  # slices the original frames: tiles, full pass and merge all count as inference
         dets = [slicer(f.im0).to(device) for f in frames]
@@ -251,7 +263,7 @@ def predict_frames(model, frames, slicer, device, half, augment, nms_options):
         im = torch.from_numpy(np.stack([f.im.transpose(1, 2, 0) for f in frames])).to(device).permute(0, 3, 1, 2)
         im = (im.half() if half else im.float()) / 255
         t1 = time_sync()
-        pred = tta_forward(model, im)[0] if augment else model(im)[0]
+        pred = run_batch_invariant(eval_forward(model, augment), im, model.fixed_shape)[0]
         t2 = time_sync()
         dets = non_max_suppression(pred, **nms_options)
         for det, f in zip(dets, frames):
@@ -313,9 +325,9 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     if half:
         model.half()
     names = class_names(model, data, classes)
-    batch_size = batch_size or auto_batch_size(device, imgsz)
+    batch_size = frames_per_batch(batch_size, device, imgsz, visualizing=layers is not None)
     dataset = open_source(source, imgsz, stride, vid_stride)
-    slicer = sliced_predictor(lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap,
+    slicer = sliced_predictor(eval_forward(model, augment), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,
                               device, half, classes, agnostic_nms)
     make_run_folder(save_dir / "labels" if save_txt else save_dir)

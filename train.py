@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 import val as validate
-from models.experimental import attempt_load, check_blocks_registered, check_fit, stored_model
+from models.backends import load_backend
+from models.experimental import check_blocks_registered, check_fit, stored_model
 from models.yolo import Model
 from utils.autoanchor import check_anchors
 from utils.autobatch import check_train_batch_size
@@ -296,7 +297,8 @@ def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
         LOGGER.info(f"Results saved to {colorstr('bold', ctx.save_dir)}")
         LOGGER.info(f"{colorstr('guarantee: ')}{run_guarantee(ctx.policy)}")
         if not ctx.opt.evolve:
-            LOGGER.info(next_steps(final_file, ctx.opt.data, ctx.data_dict["val"], ctx.imgsz, results))
+            LOGGER.info(next_steps(final_file, ctx.opt.data, ctx.data_dict["val"], ctx.imgsz, results,
+                                   ctx.opt.single_cls))
         best = ctx.saver.best if ctx.saver.best.is_file() else None
         loop.callbacks.run("on_train_end", ctx.saver.last, best, last_epoch, results)
     barrier(ctx.dist)
@@ -317,7 +319,8 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
         val_loader = create_dataloader(
             data_dict["val"], imgsz, per_rank_batch * 2, grid, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
-            prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode)[0]
+            prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode,
+            shape_per_image=True)[0]
         validate.warn_if_max_det_caps(val_loader.dataset, validate.detections_per_image(None, data_dict),
                                       "set max_det in the data YAML to")
     return train_loader, dataset, val_loader
@@ -336,11 +339,16 @@ def prepare_new_run(dataset, model, hyp: dict, ctx: RunContext) -> None:
 
 def finish_run(ctx: RunContext, final: tuple, results):
     """Check the final weights are on disk (else stop with one line), strip them, record their checksum,
-    validate best.pt (or last.pt) with plots, draw results.png. Returns (results, the final weights file)."""
+    validate best.pt (or last.pt) with plots, draw results.png. Returns (results, the final weights file).
+
+    The final validation is val.py's with its default flags: the weights loaded as val.py loads them (fused,
+    channels-last), fp32 (no AMP), conf 0.001, IoU 0.6, rect letterboxes per image; its batch size (twice the
+    training one) cannot change a bit (utils/batch_invariance.py). So its metrics are those of the val.py line
+    printed after it, bit for bit."""
     final_file = ctx.saver.finish(final)
     if not ctx.opt.evolve:
-        LOGGER.info(f"\nValidating {final_file}...")
-        model = attempt_load(final_file, device=ctx.device, fuse=True)
+        LOGGER.info(f"\nValidating {final_file} as val.py does with its default flags (fp32, conf 0.001, IoU 0.6)...")
+        model = load_backend(final_file, device=ctx.device, fuse=True)
         results = validate.run(
             ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
             single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,

@@ -25,7 +25,8 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from models.backends import load_backend  # noqa: E402
-from models.experimental import tta_forward  # noqa: E402
+from models.experimental import eval_forward  # noqa: E402
+from utils.batch_invariance import run_batch_invariant  # noqa: E402
 from utils.coco_eval import coco_image_ids, coco_predictions, save_and_evaluate  # noqa: E402
 from utils.dataset.data_config import SPLITS, check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
@@ -141,8 +142,10 @@ def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
 
 
 def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode=False):
-    """Rectangular batches (pad 0.5 stride) for accuracy; square ``imgsz`` letterboxes (pad 0) for --task speed
-    and for static exports (``model.fixed_shape`` set), whose input cannot grow past the exported size."""
+    """Rectangular letterboxes (pad 0.5 stride) for accuracy, each image's shape its own (the YOLOv5 rect rule
+    applied to it alone) and batches of one shape, so its input does not depend on --batch-size; square
+    ``imgsz`` letterboxes (pad 0) for --task speed and for static exports (``model.fixed_shape`` set), whose input
+    cannot grow past the exported size."""
     stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
     if task not in TASKS:  # the CLI's choices, for val.run
         raise UserError(f"--task {task!r}: choose from {', '.join(TASKS)}")
@@ -151,7 +154,8 @@ def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers
         raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{split}' split")
     pad, rect = (0.0, False) if task == "speed" or fixed_shape else (0.5, True)
     return create_dataloader(data[split], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
-                             prefix=colorstr(f"{split}: "), nc=data["nc"], reduced_decode=reduced_decode)[0]
+                             prefix=colorstr(f"{split}: "), nc=data["nc"], reduced_decode=reduced_decode,
+                             shape_per_image=rect)[0]
 
 
 def _class_names(names, model, data, single_cls=False):
@@ -190,7 +194,7 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     if dataloader is None:
         dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode)
     slicer = sliced_predictor(
-        lambda x: tta_forward(model, x) if augment else model(x), slice_size, slice_overlap, no_full_pass,
+        eval_forward(model, augment), slice_size, slice_overlap, no_full_pass,
         slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,
         agnostic=single_cls, multi_label=True)
     if not training:  # made only once weights and data have loaded, so a user error leaves no folder behind
@@ -296,13 +300,15 @@ def _plot_batch(im, targets, preds, paths, stem: Path, names) -> None:
 
 def _predict_batch(model, slicer, im, targets, paths, shapes, half, augment, compute_loss, save_hybrid, nms_options):
     """One batch -> (images 0-1, targets with pixel xywh, per-image (n, 6) detections in letterboxed pixels,
-    (pre-process, inference, NMS) seconds, loss items or None)."""
+    (pre-process, inference, NMS) seconds, loss items or None). The model runs at a fixed number of images per
+    pass (utils/batch_invariance.py), and NMS per image: no image's detections depend on its batch."""
     t0 = time_sync()
     im = (im.half() if half else im.float()) / 255
     nb, _, height, width = im.shape
     t1 = time_sync()
     if slicer is None:
-        preds, train_out = tta_forward(model, im) if augment else model(im)
+        fixed_shape = getattr(model, "fixed_shape", None)  # a static export: its own batch per pass
+        preds, train_out = run_batch_invariant(eval_forward(model, augment), im, fixed_shape)
     else:  # tiles, full pass and merge count as inference (as in detect.py), mapped into letterboxed pixels
         preds = [to_letterbox(slicer.predict_file(p), s[1]).to(im.device) for p, s in zip(paths, shapes)]
     t2 = time_sync()

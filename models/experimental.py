@@ -135,6 +135,15 @@ def scale_img(img, ratio=1.0, gs=32):
     return F.pad(img, [0, pw, 0, ph], value=0.447)
 
 
+def eval_forward(model, augment: bool):
+    """``x (bs, 3, h, w) -> (pred (bs, N, no), raw or None)``: the model's eval output, with test-time
+    augmentation when ``augment``."""
+    def forward(im):
+        return tta_forward(model, im) if augment else model(im)
+
+    return forward
+
+
 def tta_forward(model, im):
     """Test-time augmentation: predictions (bs, N, no) at scales 1, 0.83, 0.67 (the 0.83 pass flipped
     left-right), mapped back to ``im``'s pixel frame and concatenated -> ``(pred, None)``."""

@@ -15,3 +15,9 @@ def test_next_steps_name_the_weights_their_map_and_runnable_commands(tmp_path):
     detect_cmd = shlex.split(lines[2])
     assert detect_cmd[detect_cmd.index("--source") + 1] == "/data/val a"  # the first val folder of a list
     assert detect_cmd[detect_cmd.index("--weights") + 1] == str(weights)
+
+
+def test_a_single_class_run_prints_the_val_line_that_reproduces_its_metrics():
+    lines = next_steps("best.pt", "d.yaml", "val", 64, (0, 0, 0, 0), single_cls=True).splitlines()
+    assert shlex.split(lines[1].removeprefix("Next:"))[-1] == "--single-cls"
+    assert "--single-cls" not in next_steps("best.pt", "d.yaml", "val", 64, (0, 0, 0, 0)).splitlines()[1]

@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 import train
 from tests.support.launchers import kill_when, train_cmd
 from tests.support.run_outputs import assert_identical, weights_checksum as checksum
+from tests.support.val_spy import recorded_validations
 
 ROOT = Path(__file__).resolve().parents[1]
+FINAL_VALIDATION = {}  # run folder -> training's final validation (of best.pt): tests.support.val_spy.Validation
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)
 
 
@@ -25,8 +29,12 @@ def run_in_process(project: Path, name: str, data, cfg, **overrides) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, shapes_data, tiny_cfg) -> Path:
-    """The uninterrupted reference run: seed 0, workers 0, 2 epochs of 4 batches."""
-    return run_in_process(tmp_path_factory.mktemp("repro"), "reference", shapes_data, tiny_cfg)
+    """The uninterrupted reference run: seed 0, workers 0, 2 epochs of 4 batches; its final validation's
+    metrics and detections per image are kept in FINAL_VALIDATION."""
+    with recorded_validations() as validations:
+        run_dir = run_in_process(tmp_path_factory.mktemp("repro"), "reference", shapes_data, tiny_cfg)
+    FINAL_VALIDATION[run_dir] = validations[-1]
+    return run_dir
 
 
 @pytest.mark.slow
@@ -38,6 +46,27 @@ def test_checksum_is_printed_and_saved(reference):
                 "PYTHONHASHSEED", "world_size", "workers", "threads", "label_cache_hash", "data_fingerprint",
                 "nondeterministic_ops", "guarantee"):
         assert key in report, key
+
+
+@pytest.mark.slow
+def test_final_metrics_are_those_val_py_gives_for_best_pt(reference, shapes_data, tmp_path):
+    """The metrics printed at the end of training are val.py's on best.pt with the default flags, and every
+    image's detections are the same bits, although training validates at twice its batch size (8) and val.py at
+    its default 32."""
+    import val
+
+    weights = reference / "weights" / "best.pt"
+    opt = val.parse_opt(["--weights", str(weights), "--data", str(shapes_data), "--imgsz", "64", "--workers", "0",
+                         "--project", str(tmp_path), "--name", "val"])
+    assert opt.batch_size != 2 * SETTINGS["batch_size"]
+    with recorded_validations() as validations:
+        val.main(opt)
+    training, standalone = FINAL_VALIDATION[reference], validations[-1]
+    assert sum(len(d) for d in training.detections.values()) > 0  # detections to compare
+    assert training.detections.keys() == standalone.detections.keys()
+    assert all(torch.equal(d, standalone.detections[image]) for image, d in training.detections.items())
+    assert tuple(standalone.result.metrics) == tuple(training.result.metrics)
+    assert np.array_equal(standalone.result.maps, training.result.maps)
 
 
 @pytest.mark.slow

@@ -57,12 +57,13 @@ class LoadImagesAndLabels(Dataset):
 
     def __init__(self, path, img_size=640, batch_size=16, augment=False, hyp=None, rect=False,
                  image_weights=False, cache_images=False, single_cls=False, stride=32, pad=0.0, prefix="",
-                 seed=0, nc=None, train_tiles=None, reduced_decode=False):
+                 seed=0, nc=None, train_tiles=None, reduced_decode=False, shape_per_image=False):
         self.img_size = img_size
         self.augment = augment
         self.hyp = _check_hyp(hyp, prefix) if augment else hyp
         self.image_weights = image_weights
         self.rect = False if image_weights else rect
+        self.shape_per_image = self.rect and shape_per_image
         self.mosaic = augment and not self.rect
         self.mosaic_border = (-img_size // 2, -img_size // 2)
         self.stride = stride
@@ -83,6 +84,8 @@ class LoadImagesAndLabels(Dataset):
         self.class_weights = None  # image_weights sampling; None -> inverse class frequency
         if self.rect:
             self._sort_for_rect(batch_size, img_size, stride, pad)
+        if self.shape_per_image:
+            self._group_by_own_shape(img_size, stride, pad)
         self.images = ImageCache(self.im_files, self.shapes, self.orientations, img_size, augment,
                                  cache_mode(cache_images, prefix), prefix, full_size=bool(self.tiles),
                                  reduced_decode=reduced_decode)
@@ -118,6 +121,23 @@ class LoadImagesAndLabels(Dataset):
             lo, hi = ari.min(), ari.max()
             shapes.append([hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1])
         self.batch_shapes = np.ceil(np.array(shapes) * img_size / stride + pad).astype(int) * stride
+
+    def _group_by_own_shape(self, img_size, stride, pad):
+        """Evaluation: each image gets the rect shape of a batch holding it alone, so its padding does not depend on
+        its neighbours; ``self.batch`` then numbers groups of one shape (contiguous: the images are sorted by aspect
+        ratio, and the shape is monotonic in it) and ``batch_shapes`` gives each group's (h, w). The batch sampler
+        never mixes two groups in one batch."""
+        ar = self.shapes[:, 1] / self.shapes[:, 0]  # h / w, ascending
+        scale = np.stack([np.minimum(ar, 1), np.where(ar > 1, 1 / ar, 1)], 1)
+        own = np.ceil(scale * img_size / stride + pad).astype(int) * stride
+        first = np.r_[True, (own[1:] != own[:-1]).any(1)] if self.n else np.zeros(0, bool)
+        self.batch = np.cumsum(first) - 1
+        self.batch_shapes = own[first]
+
+    def shape_groups(self) -> list[range]:
+        """Index ranges of images letterboxed to one shape (evaluation with ``shape_per_image``), in order."""
+        starts = np.flatnonzero(np.r_[True, self.batch[1:] != self.batch[:-1]]).tolist() if self.n else []
+        return [range(a, b) for a, b in zip(starts, starts[1:] + [self.n])]
 
     @property
     def ims(self):
@@ -314,11 +334,14 @@ def _loader_dist_info(rank: int) -> DistInfo:
 
 def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=None, augment=False, cache=False,
                       pad=0.0, rect=False, rank=-1, workers=8, image_weights=False, quad=False, prefix="",
-                      shuffle=False, seed=0, nc=None, train_tiles=None, reduced_decode=False, global_batch=0):
+                      shuffle=False, seed=0, nc=None, train_tiles=None, reduced_decode=False, global_batch=0,
+                      shape_per_image=False):
     """Build ``(loader, dataset)`` (YOLOv5's signature plus ``nc``, which enables the class-id check,
     ``train_tiles``, the tile side for training on tiles of large images, and ``reduced_decode``, JPEGs decoded
     at 1/2, 1/4 or 1/8 scale when that still covers ``imgsz``; see utils/dataset/image_cache.py, and
     ``global_batch``: ``batch_size`` is then a micro-batch of steps of that many images, see sampling.py).
+    ``shape_per_image`` (with ``rect``, for evaluation): each image letterboxed to its own rect shape and batches
+    cut within groups of one shape, so no image's input depends on the batch size or its neighbours.
 
     Batches: ``(imgs uint8 (bs, 3, h, w) RGB, targets (n, 6) [img_idx, cls, x, y, w, h], paths, shapes)``.
     """
@@ -330,7 +353,8 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
         dataset = LoadImagesAndLabels(path, imgsz, batch_size, augment=augment, hyp=hyp, rect=rect,
                                       image_weights=image_weights, cache_images=cache, single_cls=single_cls,
                                       stride=int(stride), pad=pad, prefix=prefix, seed=seed, nc=nc,
-                                      train_tiles=train_tiles, reduced_decode=reduced_decode)
+                                      train_tiles=train_tiles, reduced_decode=reduced_decode,
+                                      shape_per_image=shape_per_image)
     batch_size = min(batch_size, len(dataset))
     nw = min(os.cpu_count() or 1, batch_size, workers)
     sampler = DeterministicBatchSampler(dataset, batch_size, shuffle=shuffle, seed=seed, rank=info.rank,

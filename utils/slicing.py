@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from utils.augmentations import letterbox
+from utils.batch_invariance import batch_invariant
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.ops import clip_boxes, non_max_suppression
@@ -231,7 +232,9 @@ def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False,
                      conf_thres=0.25, iou_thres=0.45, max_det=1000, imgsz=640, stride=32, device="cpu", half=False,
                      classes=None, agnostic=False, multi_label=False):
     """A SlicedPredictor built from the command-line values (flags of :func:`add_slice_arguments`), or
-    None when ``slice_size`` is 0. ``forward(x)`` runs the model; ``imgsz`` is the full-pass size.
+    None when ``slice_size`` is 0. ``forward(x)`` runs the model, at a fixed number of tiles per pass whatever
+    ``slice_batch`` is (utils/batch_invariance.py), so a tile's detections do not depend on its batch;
+    ``imgsz`` is the full-pass size.
 
     ``slice_merge='nmm'`` with ``conf_thres`` below :data:`NMM_CONF_FLOOR` (val.py's default 0.001)
     merges by NMS instead, with one warning: greedy merging of thousands of weak boxes makes a few
@@ -247,7 +250,8 @@ def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False,
                        f"weak boxes into giant ones; merging by NMS instead (use --conf-thres {NMM_CONF_FLOOR} "
                        "or more for NMM)")
         slice_merge = "nms"
-    detect_fn = nms_detect_fn(forward, conf_thres, iou_thres, max_det, classes, agnostic, multi_label)
+    detect_fn = nms_detect_fn(batch_invariant(forward, device), conf_thres, iou_thres, max_det, classes, agnostic,
+                              multi_label)
     full_pass = 0 if no_full_pass else int(max(np.atleast_1d(imgsz)))
     return SlicedPredictor(detect_fn, size, slice_overlap, full_pass, slice_merge, iou_thres, max_det, slice_batch,
                            stride, device, half, agnostic)

@@ -35,6 +35,9 @@ class DeterministicBatchSampler(Sampler):
     the start of the order, as DistributedSampler does); rect batches are sharded whole so every
     batch keeps one shape. ``set_epoch(epoch, start_batch)`` skips the first batches of that epoch.
 
+    A data set letterboxed per image (``shape_per_image``, evaluation) is cut into batches within each group of
+    one shape, in order: the last batch of a group may be short, and no batch mixes two shapes.
+
     With ``global_batch`` (``--micro-batch``), batches are micro-batches of ``batch_size``: each step's
     ``global_batch`` images are cut from the epoch order first, split into micro-batches, and every rank
     takes its contiguous share of them (utils/training/micro_batches.py), so what a step holds does not
@@ -74,6 +77,10 @@ class DeterministicBatchSampler(Sampler):
         order = rng.permutation(self.n) if self.shuffle else np.arange(self.n)
         return order, np.zeros(self.n, dtype=np.int64)
 
+    def _shape_grouped(self):
+        """Batches cut within groups of one shape: an unsharded, unshuffled evaluation set letterboxed per image."""
+        return self.world_size == 1 and not self.shuffle and getattr(self.dataset, "shape_per_image", False)
+
     def _rect_sharded(self):
         return self.world_size > 1 and getattr(self.dataset, "rect", False)
 
@@ -103,6 +110,9 @@ class DeterministicBatchSampler(Sampler):
         if self.global_batch:
             return self._micro_batches(keys)
         bs = self.batch_size
+        if self._shape_grouped():
+            return [keys[i:min(i + bs, group.stop)] for group in self.dataset.shape_groups()
+                    for i in range(group.start, group.stop, bs)]
         if self._rect_sharded():
             batches = [keys[i:i + bs] for i in range(0, len(keys), bs)]
             return _pad_to_multiple(batches, self.world_size)[self.rank::self.world_size]
@@ -120,6 +130,8 @@ class DeterministicBatchSampler(Sampler):
         """Batches in a full epoch for this rank (a resumed epoch delivers ``len - start_batch``)."""
         if self.global_batch:
             return sum(len(self.step_share(step)) for step in range(self.steps()))
+        if self._shape_grouped():
+            return sum(math.ceil(len(group) / self.batch_size) for group in self.dataset.shape_groups())
         if self._rect_sharded():
             return math.ceil(math.ceil(self.n / self.batch_size) / self.world_size)
         return math.ceil(math.ceil(self.n / self.world_size) / self.batch_size)
