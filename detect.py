@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 
 from models.backends import InferenceBackend, PyTorchBackend, load_backend  # noqa: E402
 from models.experimental import eval_forward  # noqa: E402
-from utils.batch_invariance import eval_micro_batch, run_batch_invariant  # noqa: E402
+from utils.batch_invariance import aligned_batch_size, eval_micro_batch, run_batch_invariant  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.user_modules import load_user_modules  # noqa: E402
 from utils.feature_maps import recorded_layer_outputs, save_feature_maps  # noqa: E402
@@ -216,19 +216,23 @@ def auto_batch_size(device, imgsz) -> int:
 
     On CPU batching paid for small inputs (YOLOv5n at 256 px: 2.0x per image at batch 8) and lost
     for large ones (FFCA-YOLO at 640 px: 0.83x), where one image's activations already fill the caches; the
-    model now runs one frame per pass on the CPU whatever the batch (utils/batch_invariance.py), so there the
-    batch only groups frames.
+    model now runs a fixed number of frames per pass whatever the batch (utils/batch_invariance.py), so the
+    batch only groups frames, and :func:`frames_per_batch` rounds it up to whole passes.
     """
     if device.type == "cuda":
         return 8
     return int(min(8, max(1, 8 * 256 * 256 // (imgsz[0] * imgsz[1]))))
 
 
-def frames_per_batch(batch_size: int, device, imgsz, visualizing: bool) -> int:
-    """``--batch-size``, or :func:`auto_batch_size` for 0; with --visualize at most one forward pass's frames,
-    because the feature maps are those of a batch's first pass."""
-    batch_size = batch_size or auto_batch_size(device, imgsz)
-    return min(batch_size, eval_micro_batch(device)) if visualizing else batch_size
+def frames_per_batch(batch_size: int, device, imgsz, visualizing: bool, fixed_shape=None) -> int:
+    """``--batch-size``, or :func:`auto_batch_size` for 0, rounded up to whole forward passes: batches cut from the
+    start of each run of one shape then split into passes that hold the same frames at any batch size
+    (utils/batch_invariance.py). With --visualize one forward pass's frames, because the feature maps are those of
+    a batch's first pass. ``fixed_shape``: a static export's ``(batch, h, w)``, which sets the pass."""
+    micro_batch = eval_micro_batch(device, fixed_shape)
+    if visualizing:
+        return micro_batch
+    return aligned_batch_size(batch_size or auto_batch_size(device, imgsz), micro_batch)
 
 
 def frame_batches(dataset, batch_size: int):
@@ -325,7 +329,7 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     if half:
         model.half()
     names = class_names(model, data, classes)
-    batch_size = frames_per_batch(batch_size, device, imgsz, visualizing=layers is not None)
+    batch_size = frames_per_batch(batch_size, device, imgsz, layers is not None, model.fixed_shape)
     dataset = open_source(source, imgsz, stride, vid_stride)
     slicer = sliced_predictor(eval_forward(model, augment), slice_size, slice_overlap,
                               no_full_pass, slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, stride,

@@ -20,6 +20,7 @@ from models.experimental import check_blocks_registered, check_fit, stored_model
 from models.yolo import Model
 from utils.autoanchor import check_anchors
 from utils.autobatch import check_train_batch_size
+from utils.batch_invariance import aligned_batch_size, eval_micro_batch
 from utils.callbacks import Callbacks
 from utils.dataloaders import create_dataloader
 from utils.dataset.data_config import check_dataset
@@ -228,7 +229,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
     if opt.batch_size == -1:
         opt.batch_size = check_train_batch_size(model, imgsz, amp, policy=policy)  # recorded, so a resume keeps it
     per_rank_batch = opt.micro_batch or per_rank_batch_size(opt, dist)
-    train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid)
+    train_loader, dataset, val_loader = build_loaders(opt, data_dict, imgsz, per_rank_batch, dist, hyp, grid,
+                                                     device)
     # only now: bad options, data (an empty val list too) or model YAMLs leave no run folder behind
     save_dir = claim_run_folder(opt) if dist.is_main else Path(opt.save_dir)
     ctx = RunContext(opt=opt, device=device, dist=dist, policy=policy, save_dir=save_dir, data_dict=data_dict,
@@ -305,8 +307,10 @@ def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
     return results
 
 
-def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid: int):
-    """Training loader (sharded under DDP) and, on the main process, the validation loader."""
+def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid: int,
+                  device):
+    """Training loader (sharded under DDP) and, on the main process, the validation loader: twice the batch,
+    rounded up to whole forward passes on ``device`` (utils/batch_invariance.py)."""
     nc = data_dict["nc"]
     train_loader, dataset = create_dataloader(
         data_dict["train"], imgsz, per_rank_batch, grid, single_cls=opt.single_cls, hyp=hyp,
@@ -316,8 +320,9 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
         global_batch=opt.batch_size if opt.micro_batch else 0)
     val_loader = None
     if dist.is_main:
+        val_batch = aligned_batch_size(per_rank_batch * 2, eval_micro_batch(device))
         val_loader = create_dataloader(
-            data_dict["val"], imgsz, per_rank_batch * 2, grid, single_cls=opt.single_cls, hyp=hyp,
+            data_dict["val"], imgsz, val_batch, grid, single_cls=opt.single_cls, hyp=hyp,
             cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
             prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode,
             shape_per_image=True)[0]

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 from models.backends import load_backend  # noqa: E402
 from models.experimental import eval_forward  # noqa: E402
-from utils.batch_invariance import run_batch_invariant  # noqa: E402
+from utils.batch_invariance import aligned_batch_size, eval_micro_batch, run_batch_invariant  # noqa: E402
 from utils.coco_eval import coco_image_ids, coco_predictions, save_and_evaluate  # noqa: E402
 from utils.dataset.data_config import SPLITS, check_dataset  # noqa: E402
 from utils.dataloaders import create_dataloader  # noqa: E402
@@ -141,18 +141,20 @@ def _check_class_counts(model, data: dict, weights, single_cls: bool) -> None:
                         f"has {data['nc']}; use the data set the weights were trained on, or --single-cls")
 
 
-def _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode=False):
+def _validation_loader(data, task, imgsz, batch_size, model, device, single_cls, workers, reduced_decode=False):
     """Rectangular letterboxes (pad 0.5 stride) for accuracy, each image's shape its own (the YOLOv5 rect rule
     applied to it alone) and batches of one shape, so its input does not depend on --batch-size; square
     ``imgsz`` letterboxes (pad 0) for --task speed and for static exports (``model.fixed_shape`` set), whose input
-    cannot grow past the exported size."""
-    stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None) is not None
+    cannot grow past the exported size. ``batch_size`` is rounded up to whole forward passes
+    (utils/batch_invariance.py), so each pass holds the same images at any --batch-size."""
+    stride, fixed_shape = int(model.stride.max()), getattr(model, "fixed_shape", None)
+    batch_size = aligned_batch_size(batch_size, eval_micro_batch(device, fixed_shape))
     if task not in TASKS:  # the CLI's choices, for val.run
         raise UserError(f"--task {task!r}: choose from {', '.join(TASKS)}")
     split = task if task in SPLITS else "val"  # speed and study time the val split
     if data.get(split) is None:
         raise UserError(f"--task {task}: the data set YAML {data.get('yaml_file', '')} has no '{split}' split")
-    pad, rect = (0.0, False) if task == "speed" or fixed_shape else (0.5, True)
+    pad, rect = (0.0, False) if task == "speed" or fixed_shape is not None else (0.5, True)
     return create_dataloader(data[split], imgsz, batch_size, stride, single_cls, pad=pad, rect=rect, workers=workers,
                              prefix=colorstr(f"{split}: "), nc=data["nc"], reduced_decode=reduced_decode,
                              shape_per_image=rect)[0]
@@ -192,7 +194,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     nc = 1 if single_cls else int(data["nc"])
     names = _class_names(names, model, data, single_cls)
     if dataloader is None:
-        dataloader = _validation_loader(data, task, imgsz, batch_size, model, single_cls, workers, reduced_decode)
+        dataloader = _validation_loader(data, task, imgsz, batch_size, model, device, single_cls, workers,
+                                        reduced_decode)
     slicer = sliced_predictor(
         eval_forward(model, augment), slice_size, slice_overlap, no_full_pass,
         slice_merge, slice_batch, conf_thres, iou_thres, max_det, imgsz, int(model.stride.max()), device, half,

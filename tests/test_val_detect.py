@@ -495,8 +495,8 @@ def test_task_speed_times_square_letterboxed_batches_and_the_splits_rectangular_
     """As YOLOv5: --task speed pads every image to imgsz x imgsz; it used to be turned into 'val' first."""
     model, _ = trained
     data = check_dataset(str(shapes_data))
-    speed = val._validation_loader(data, "speed", 64, 4, model, False, 0).dataset
-    split = val._validation_loader(data, "val", 64, 4, model, False, 0).dataset
+    speed = val._validation_loader(data, "speed", 64, 4, model, "cpu", False, 0).dataset
+    split = val._validation_loader(data, "val", 64, 4, model, "cpu", False, 0).dataset
     assert (speed.rect, split.rect) == (False, True)
     assert speed.im_files == split.im_files
 

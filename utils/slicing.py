@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from utils.augmentations import letterbox
-from utils.batch_invariance import batch_invariant
+from utils.batch_invariance import aligned_batch_size, batch_invariant, eval_micro_batch
 from utils.errors import UserError
 from utils.logging import LOGGER
 from utils.ops import clip_boxes, non_max_suppression
@@ -234,6 +234,7 @@ def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False,
     """A SlicedPredictor built from the command-line values (flags of :func:`add_slice_arguments`), or
     None when ``slice_size`` is 0. ``forward(x)`` runs the model, at a fixed number of tiles per pass whatever
     ``slice_batch`` is (utils/batch_invariance.py), so a tile's detections do not depend on its batch;
+    ``slice_batch`` is rounded up to whole passes, so each pass holds the same tiles at any ``slice_batch``.
     ``imgsz`` is the full-pass size.
 
     ``slice_merge='nmm'`` with ``conf_thres`` below :data:`NMM_CONF_FLOOR` (val.py's default 0.001)
@@ -253,5 +254,5 @@ def sliced_predictor(forward, slice_size, slice_overlap=0.2, no_full_pass=False,
     detect_fn = nms_detect_fn(batch_invariant(forward, device), conf_thres, iou_thres, max_det, classes, agnostic,
                               multi_label)
     full_pass = 0 if no_full_pass else int(max(np.atleast_1d(imgsz)))
-    return SlicedPredictor(detect_fn, size, slice_overlap, full_pass, slice_merge, iou_thres, max_det, slice_batch,
-                           stride, device, half, agnostic)
+    return SlicedPredictor(detect_fn, size, slice_overlap, full_pass, slice_merge, iou_thres, max_det,
+                           aligned_batch_size(slice_batch, eval_micro_batch(device)), stride, device, half, agnostic)
