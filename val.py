@@ -220,9 +220,8 @@ def run(data, weights=None, batch_size=32, imgsz=640, conf_thres=0.001, iou_thre
     times = tuple(x / max(seen, 1) * 1e3 for x in dt)
     if plots:
         plot_confusion_matrix(record.confusion_matrix.matrix, list(names.values()), save_dir / "confusion_matrix.png")
-    coco = None
-    if save_json and record.jdict:
-        coco = save_and_evaluate(record.jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights, max_det)
+    coco = (save_and_evaluate(record.jdict, dataloader.dataset, names, nc, single_cls, save_dir, weights, max_det)
+            if save_json and record.jdict else None)
     map_, map50 = coco if coco is not None else (map_, map50)
     if not training:
         n_labels = len(list(save_dir.glob("labels/*.txt"))) if save_txt else None
