@@ -478,8 +478,8 @@ def parse_opt(argv=None):
     parser.add_argument("--visualize", action="store_true",
                         help="save each layer's first 32 feature maps per image into <run>/<image stem>/ (.pt only)")
     parser.add_argument("--batch-size", type=int, default=0,
-                        help="images or video frames per batch, rounded up to whole forward passes (4 images on "
-                             "CPU, 8 on CUDA); 0 = 8 on CUDA, on CPU by image size (8 at 256 px, 4 at 640 px); "
+                        help="images or video frames per batch, rounded up to whole forward passes (2 images on "
+                             "CPU, 8 on CUDA); 0 = 8 on CUDA, on CPU by image size (8 at 256 px, 2 at 640 px); "
                              "a webcam always runs one at a time")
     add_slice_arguments(parser)
     opt = check_options(parser.parse_args(argv), DETECT_RULES)

@@ -433,7 +433,7 @@ def build_parser() -> OneLineErrorParser:
                      imgsz_help="inference size (pixels)")
     parser.add_argument("--data", type=str, required=True, help="data set YAML")
     parser.add_argument("--batch-size", type=int, default=32,
-                        help="batch size, rounded up to whole forward passes (4 images on CPU, 8 on CUDA)")
+                        help="batch size, rounded up to whole forward passes (2 images on CPU, 8 on CUDA)")
     parser.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
     parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=None,

@@ -8,8 +8,10 @@ algorithm by shape too, batch size included, even with benchmark mode off.
 
 So every forward pass runs at one fixed batch size, :func:`eval_micro_batch`, whatever ``--batch-size`` is:
 larger batches are split, and the last chunk is padded with zero images whose outputs are dropped. On the CPU the
-micro-batch is :data:`CPU_MICRO_BATCH` images: a forward of 4 images costs less per image than one of 1, 2 or 8
-(benchmarks/speed/bench_batch_invariance.py). On CUDA it is :data:`CUDA_MICRO_BATCH` images.
+micro-batch is :data:`CPU_MICRO_BATCH` images: of 1, 2, 4 and 8 images per pass, 2 is the one that costs less per
+image than 1 for both yolov5n and ffca-yolo-n (4 is cheaper still for yolov5n, dearer than 1 for ffca-yolo-n at
+640 px; benchmarks/speed/bench_pass_size.py), and it pads a lone image with one zero image only. On CUDA it is
+:data:`CUDA_MICRO_BATCH` images.
 
 An image's bits at that fixed size were found not to depend on its place in the chunk nor on the images beside
 it. The callers do not rely on that alone: they cut their batches to :func:`aligned_batch_size`, a multiple of the
@@ -21,12 +23,12 @@ from typing import Callable
 
 import torch
 
-CPU_MICRO_BATCH = 4  # images per forward on the CPU: the cheapest per image of 1, 2, 4 and 8 (YOLOv5n, 352 px)
+CPU_MICRO_BATCH = 2  # images per forward on the CPU: cheaper per image than 1 for every model measured
 CUDA_MICRO_BATCH = 8  # images per forward on CUDA: keeps the GPU busy; zero images pad the last chunk
 
 
 def eval_micro_batch(device, fixed_shape=None) -> int:
-    """Images per forward pass on ``device`` (a torch.device or its string): 4 on the CPU, 8 on CUDA; for a
+    """Images per forward pass on ``device`` (a torch.device or its string): 2 on the CPU, 8 on CUDA; for a
     static export (``fixed_shape`` ``(batch, h, w)``) its own batch, which it pads to anyway."""
     if fixed_shape is not None:
         return int(fixed_shape[0])

@@ -41,7 +41,7 @@ def add_slice_arguments(parser: argparse.ArgumentParser, batch_default=16) -> No
                         help="merge tile boxes by class-aware NMS (IoU) or NMM (intersection over smaller box); "
                              f"NMM needs --conf-thres {NMM_CONF_FLOOR} or more, below it NMS runs with a warning")
     parser.add_argument("--slice-batch", type=int, default=batch_default,
-                        help="tiles per batch, rounded up to whole forward passes (4 tiles on CPU, 8 on CUDA)")
+                        help="tiles per batch, rounded up to whole forward passes (2 tiles on CPU, 8 on CUDA)")
 
 
 def check_slice_options(slice_size, overlap, batch, stride):
