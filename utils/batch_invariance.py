@@ -8,9 +8,9 @@ algorithm by shape too, batch size included, even with benchmark mode off.
 
 So every forward pass runs at one fixed batch size, :func:`eval_micro_batch`, whatever ``--batch-size`` is:
 larger batches are split, and the last chunk is padded with zero images whose outputs are dropped. On the CPU the
-micro-batch is :data:`CPU_MICRO_BATCH` images: of 1, 2, 4 and 8 images per pass, 2 is the one that costs less per
-image than 1 for both yolov5n and ffca-yolo-n (4 is cheaper still for yolov5n, dearer than 1 for ffca-yolo-n at
-640 px; benchmarks/speed/bench_pass_size.py), and it pads a lone image with one zero image only. On CUDA it is
+micro-batch is :data:`CPU_MICRO_BATCH` images: for yolov5n and ffca-yolo-n, 2 images per pass cost about 10% less
+per image than 1 at 352 px and within 3% of it at 640 px, where 4 cost up to 18% more than 1 (ffca-yolo-n;
+benchmarks/speed/bench_pass_size.py); and a lone image is padded with one zero image only. On CUDA it is
 :data:`CUDA_MICRO_BATCH` images.
 
 An image's bits at that fixed size were found not to depend on its place in the chunk nor on the images beside
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-CPU_MICRO_BATCH = 2  # images per forward on the CPU: cheaper per image than 1 for every model measured
+CPU_MICRO_BATCH = 2  # images per forward on the CPU: never much dearer per image than 1, where 4 can be
 CUDA_MICRO_BATCH = 8  # images per forward on CUDA: keeps the GPU busy; zero images pad the last chunk
 
 
