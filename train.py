@@ -306,7 +306,7 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
     if dist.is_main:
         val_loader = create_dataloader(
             data_dict["val"], imgsz, per_rank_batch * 2, grid, single_cls=opt.single_cls, hyp=hyp,
-            cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
+            cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers, pad=0.5,
             prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode)[0]
         validate.warn_if_max_det_caps(val_loader.dataset, validate.detections_per_image(None, data_dict),
                                       "set max_det in the data YAML to")
@@ -333,7 +333,7 @@ def finish_run(ctx: RunContext, final: tuple, results):
         model = attempt_load(final_file, device=ctx.device, fuse=True)
         results = validate.run(
             ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
-            single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,
+            workers=ctx.opt.workers, single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,
             names=ctx.names).metrics
     if ctx.plots:
         plot_results(ctx.save_dir / "results.csv")
