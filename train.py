@@ -35,9 +35,10 @@ from utils.metrics import ValMetrics
 from utils.ops import check_img_size
 from utils.options import (TRAIN_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags, check_options,
                            merge_resumed_options, typed_flags)
-from utils.out_of_memory import out_of_memory_hint
+from utils.out_of_memory import TRAIN_ADVICE, out_of_memory_anywhere, out_of_memory_hint
 from utils.plots import plot_labels, plot_results
 from utils.rng_state import set_rng_state
+from utils.stop_signals import exit_on_stop_signal, stop_stage
 from utils.torch_utils import (MODES, configure_determinism, freeze_layers, grid_size, intersect_dicts,
                                prepare_cuda_environment, select_device)
 from utils.tracking import LOGGERS, check_loggers, start_tracking
@@ -231,7 +232,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
                      plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
                      saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt), validate=validate.run)
-    with held_run_folder(opt, hyp, dist.is_main):
+    trained = False  # a stop after the loop names the weights on disk
+    with stop_stage(lambda: after_training(ctx) if trained else None), held_run_folder(opt, hyp, dist.is_main):
         results_log = ResultsLog(save_dir / "results.csv")
         loop = start_loop(ctx, model, hyp, amp, dataset, resume_ckpt, audit, audit_path, results_log)
         user_callbacks.run("on_pretrain_routine_end", dataset_labels(dataset), names)
@@ -240,7 +242,9 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
             if dist.is_main:
                 own = run_callbacks(results_log, trackers, ctx.plots, save_dir, names)
                 loop.callbacks = own.extended(user_callbacks)
-            return report_run_end(ctx, loop, *loop.run(training_hooks(loop)))
+            outcome = loop.run(training_hooks(loop))
+            trained = True
+            return report_run_end(ctx, loop, *outcome)
 
 
 def dataset_labels(dataset) -> np.ndarray:
@@ -291,6 +295,21 @@ def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
         loop.callbacks.run("on_train_end", ctx.saver.last, best, last_epoch, results)
     barrier(ctx.dist)
     return results
+
+
+def after_training(ctx: RunContext) -> str:
+    """What a stop after the training loop (final validation, plots, callbacks) leaves: the weights, as on disk."""
+    resume = ctx.saver.resume_command(ctx.dist.world_size)
+    return f"after training finished. {ctx.saver.describe()}" + (f" Finish the run with: {resume}" if resume else "")
+
+
+def before_first_step(opt) -> str:
+    """What a stop before the training loop (start-up, audit, data scan) leaves on disk."""
+    if opt.evolve:
+        return f"during --evolve; the finished generations are in {Path(opt.save_dir) / 'evolve.csv'}"
+    if opt.resume:
+        return f"before its first step; {opt.resume} is unchanged and resumes as before"
+    return "before its first step; no checkpoint was written"
 
 
 def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid: int):
@@ -358,13 +377,14 @@ def main(opt, argv=None, callbacks: Callbacks | None = None):
         device = torch.device("cuda", dist.local_rank) if device.type == "cuda" else torch.device("cpu")
         init_process_group(dist, device)
     try:
-        if opt.evolve:
-            if dist.enabled:
-                raise UserError("--evolve is not supported with DDP; run it on one device")
-            return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist,
-                                                                      callbacks=callbacks))
-        with exit_on_lost_peer(dist):
-            return train(hyp, opt, device, dist, resume_ckpt, callbacks)
+        with stop_stage(before_first_step(opt)):
+            if opt.evolve:
+                if dist.enabled:
+                    raise UserError("--evolve is not supported with DDP; run it on one device")
+                return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist,
+                                                                          callbacks=callbacks))
+            with exit_on_lost_peer(dist):
+                return train(hyp, opt, device, dist, resume_ckpt, callbacks)
     finally:
         destroy_process_group(dist)
 
@@ -377,9 +397,11 @@ def run(callbacks: Callbacks | None = None, **kwargs):
     return main(build_parser().parse_keywords(kwargs, "train.run"), argv=[], callbacks=callbacks)
 
 
+@exit_on_stop_signal("training")
 @exit_on_user_error
 def cli():
-    main(parse_opt())
+    with out_of_memory_anywhere("train.py", TRAIN_ADVICE):
+        main(parse_opt())
 
 
 if __name__ == "__main__":

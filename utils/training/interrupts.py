@@ -28,9 +28,7 @@ import threading
 
 from utils.files import abandon_pending_writes
 from utils.logging import LOGGER
-
-# SIGUSR1 is missing on Windows
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+from utils.stop_signals import STOP_SIGNALS
 _WATCHING = set()  # GracefulInterrupt instances whose watchdog thread is running in this process
 _BEFORE_EXIT = []  # callables exit_after_interrupt runs before the process ends (a tracker marks its run KILLED)
 
