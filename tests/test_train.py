@@ -266,3 +266,22 @@ def test_evolve_runs_generations_and_writes_results(shapes_data, tiny_cfg, tmp_p
               device="cpu", evolve=1, project=str(tmp_path), name="evo", exist_ok=True)
     assert len((evolve_dir / "evolve.csv").read_text().strip().splitlines()) == 4  # continued, not restarted
     assert sorted(p.name for p in evolve_dir.glob("gen*")) == ["gen0", "gen1", "gen2"]
+
+
+@pytest.mark.slow
+def test_every_loader_of_a_run_honours_workers(tmp_path, tiny_cfg, shapes_data, monkeypatch):
+    """The validation loader and the final validation too: a --workers 1 run asks no loader for more than 1
+    (each loader then runs in the main process, to keep the test fast)."""
+    import val
+    from utils import dataloaders
+
+    asked = []
+
+    def create_dataloader(*args, workers=8, **kwargs):
+        asked.append(workers)
+        return dataloaders.create_dataloader(*args, workers=0, **kwargs)
+
+    monkeypatch.setattr(train, "create_dataloader", create_dataloader)
+    monkeypatch.setattr(val, "create_dataloader", create_dataloader)
+    train_run(tmp_path, shapes_data, tiny_cfg, epochs=1, workers=1, noplots=True)
+    assert asked == [1, 1, 1]  # training, validation each epoch, final validation
