@@ -26,6 +26,7 @@ from utils.dataset.tiles import box_scale, resolve_tile_size
 from utils.ddp import (DistInfo, barrier, check_ddp_batch, destroy_process_group, dist_info_from_env,
                        init_process_group, per_rank_batch_size)
 from utils.determinism.audit_cache import start_up_audit
+from utils.determinism.machine import check_resumed_machine
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json
 from utils.errors import UserError, exit_on_user_error
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp
@@ -269,9 +270,12 @@ def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckp
         LOGGER.info(f"Resuming {ctx.opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
     loop.wrap_ddp()
     if ctx.dist.is_main:
-        write_json(ctx.save_dir / "determinism.json", determinism_report(
-            policy=ctx.policy, audit=audit, audit_path=audit_path, opt=ctx.opt, dist=ctx.dist, dataset=dataset,
-            device=ctx.device))
+        report = determinism_report(policy=ctx.policy, audit=audit, audit_path=audit_path, opt=ctx.opt,
+                                    dist=ctx.dist, dataset=dataset, device=ctx.device)
+        if resume_ckpt is not None:
+            report = check_resumed_machine(ctx.save_dir / "determinism.json", report,
+                                           (loop.start_epoch, loop.start_batch))
+        write_json(ctx.save_dir / "determinism.json", report)
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=ctx.dist.rank, device=ctx.device)
     return loop

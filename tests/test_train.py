@@ -1,5 +1,6 @@
 """train.py end to end on a tiny model and a tiny generated data set (CPU, 64 px)."""
 
+import json
 import os
 import re
 import signal
@@ -49,14 +50,22 @@ def test_checkpoints_are_plain_data_and_stripped(finished_run):
 
 
 @pytest.mark.slow
-def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, shapes_data, tmp_path):
-    """Resuming the epoch-0 checkpoint in a copy of the run ends with the same EMA checksum."""
+def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, shapes_data, tmp_path, log_lines):
+    """Resuming the epoch-0 checkpoint in a copy of the run ends with the same EMA checksum. Its determinism.json
+    says the first part ran under another thread count: the resume warns once, naming both counts."""
     copy = tmp_path / "copy"
     (copy / "weights").mkdir(parents=True)
     for f in ("hyp.yaml", "opt.yaml", "results.csv"):
         (copy / f).write_bytes((finished_run / f).read_bytes())
+    record = json.loads((finished_run / "determinism.json").read_text())
+    threads = torch.get_num_threads()
+    (copy / "determinism.json").write_text(json.dumps({**record, "threads": threads + 1}))
     (copy / "weights" / "last.pt").write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
     train.run(resume=str(copy / "weights" / "last.pt"))
+    warnings = [line for line in log_lines if "--resume on another machine setup" in line]
+    assert len(warnings) == 1 and f"thread count {threads + 1} -> {threads}." in warnings[0]
+    record = json.loads((copy / "determinism.json").read_text())
+    assert record["machine_changes"] == [{"resumed_at": [1, 0], "changes": {"thread count": [threads + 1, threads]}}]
     expected = (finished_run / "weights" / "sha256.txt").read_text().split()[0]
     assert (copy / "weights" / "sha256.txt").read_text().split()[0] == expected
     assert [r["epoch"] for r in results_rows(copy)] == ["0", "1"]
