@@ -356,8 +356,8 @@ def finish_run(ctx: RunContext, final: tuple, results):
         model = attempt_load(final_file, device=ctx.device, fuse=True)
         results = validate.run(
             ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
-            workers=ctx.opt.workers, single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,
-            names=ctx.names).metrics
+            workers=ctx.opt.workers, single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots,
+            verbose=len(ctx.names) < 50, names=ctx.names).metrics
     if ctx.plots:
         plot_results(ctx.save_dir / "results.csv")
     return results, final_file

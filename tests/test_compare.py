@@ -57,7 +57,8 @@ def test_the_machine_is_named_first_when_results_differ(tmp_path):
     b = _run(tmp_path / "b", threads=1, opt={"imgsz": 96}, checksum="d" * 64, report_extra={"cpu_capability": "AVX2"})
     lines, identical = compare_runs(a, b)
     assert not identical
-    assert lines[lines.index("machine: DIFFER") + 1:][:2] == ["  thread count: 2 -> 1", "  CPU capability: 'AVX512' -> 'AVX2'"]
+    machine = lines[lines.index("machine: DIFFER") + 1:][:2]
+    assert machine == ["  thread count: 2 -> 1", "  CPU capability: 'AVX512' -> 'AVX2'"]
     assert lines[-1] == "verdict: the runs differ; first cause found: machine: thread count: 2 -> 1"
 
 
@@ -73,7 +74,17 @@ def test_a_resume_on_another_machine_setup_is_named_as_the_cause(tmp_path):
 
 def test_results_that_differ_with_nothing_else_differing_say_so(tmp_path):
     lines, identical = compare_runs(_run(tmp_path / "a"), _run(tmp_path / "b", checksum="d" * 64))
-    assert not identical and lines[-1].startswith("verdict: the runs differ with the same machine, settings and data")
+    assert not identical and lines[-1].startswith("verdict: the runs differ, and nothing that changes a result")
+
+
+def test_a_setting_that_changes_no_result_is_listed_but_not_named_as_the_cause(tmp_path):
+    a = _run(tmp_path / "a", opt={"workers": 0}, report_extra={"workers": 0})
+    b = _run(tmp_path / "b", opt={"workers": 2}, report_extra={"workers": 2, "mode": "off"}, checksum="d" * 64)
+    lines, identical = compare_runs(a, b)
+    assert not identical and lines[lines.index("options: DIFFER") + 1] == "  workers: 0 -> 2"
+    assert lines[-1] == "verdict: the runs differ; first cause found: environment: mode: 'scoped' -> 'off'"
+    lines, _ = compare_runs(a, _run(tmp_path / "c", opt={"workers": 2}, report_extra={"workers": 2}, checksum="d" * 64))
+    assert lines[-1].startswith("verdict: the runs differ, and nothing that changes a result differs")
 
 
 def test_a_report_repeating_the_audit_in_policy_state_compares_by_the_top_level_copy(tmp_path):

@@ -23,6 +23,9 @@ from utils.files import yaml_load
 
 # Options that name the run folder, not what is computed.
 RUN_NAMING_OPTIONS = {"name", "project", "save_dir", "exist_ok", "resume"}
+# Settings that change no result (loader workers, when last.pt is written mid-epoch, trackers): listed when they
+# differ, never named as the cause of a difference.
+NEUTRAL_SETTINGS = {"workers", "save_interval", "logger"}
 # determinism.json's fields besides the machine's (utils/determinism/machine.py) and the data's
 ENVIRONMENT_FIELDS = ("versions", "world_size", "workers", "mode", "audit", "relaxed_backward", "policy_state",
                       "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "seed")
@@ -183,12 +186,13 @@ def compare_runs(run_a, run_b) -> tuple:
         return [*lines, "verdict: identical"], True
     for title, found in causes:
         lines += [f"{title}: {'DIFFER' if found else 'same'}", *(f"  {line}" for line in found)]
-    title, found = next(((title, found) for title, found in causes if found), (None, None))
-    if title is None:
-        lines.append("verdict: the runs differ with the same machine, settings and data; see 'Honest limits' in "
-                     "docs/determinism.md")
+    cause = next((f"{title}: {line}" for title, found in causes for line in found
+                  if line.split(":", 1)[0] not in NEUTRAL_SETTINGS), None)
+    if cause is None:
+        lines.append("verdict: the runs differ, and nothing that changes a result differs (machine, options, "
+                     "hyperparameters, environment, data); see 'Honest limits' in docs/determinism.md")
     else:
-        lines.append(f"verdict: the runs differ; first cause found: {title}: {found[0]}")
+        lines.append(f"verdict: the runs differ; first cause found: {cause}")
     return lines, False
 
 
