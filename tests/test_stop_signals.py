@@ -15,10 +15,10 @@ from utils.stop_signals import StopSignal, stop_line, stop_stage
 from utils.training.checkpoints import load_checkpoint
 
 
-def stopped(script: str, target: str, name: str, *arguments) -> tuple[int, str]:
+def stopped(script: str, target: str, name: str, *arguments, timeout: float = 240) -> tuple[int, str]:
     """(exit code, output) of ``script`` signalled with SIG``name`` when ``target`` is called."""
     cmd = [sys.executable, "tests/support/stop_launcher.py", script, target, name, *map(str, arguments)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=launcher_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=launcher_env(), capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -73,3 +73,15 @@ def test_val_and_detect_stop_with_one_line(tmp_path, tiny_cfg, shapes_data, scri
     assert exit_code == code, output[-3000:]
     program = "Validation" if script == "val" else "Detection"
     assert the_stop_line(output) == f"{program} stopped by SIG{name} before it finished."
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_loader_starts_its_workers_exits_without_waiting_for_them(tmp_path, tiny_cfg, shapes_data):
+    """The half-made loader's destructor printed a traceback, and the exit waited forever for its workers, which
+    leave stop signals to the main process."""
+    weights = write_tiny_checkpoint(tiny_cfg, tmp_path / "tiny.pt")
+    code, output = stopped("val", "torch.utils.data._utils.signal_handling:_set_SIGCHLD_handler", "raise",
+                           "--weights", weights, "--data", shapes_data, "--imgsz", 64, "--batch-size", 4,
+                           "--workers", 2, "--device", "cpu", "--project", tmp_path / "runs", timeout=120)
+    assert code == 130, output[-3000:]
+    assert the_stop_line(output) == "Validation stopped by SIGINT before it finished."
