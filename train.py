@@ -306,7 +306,7 @@ def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
         LOGGER.info(f"{colorstr('guarantee: ')}{run_guarantee(ctx.policy)}")
         if not ctx.opt.evolve:
             LOGGER.info(next_steps(final_file, ctx.opt.data, ctx.data_dict["val"], ctx.imgsz, results,
-                                   ctx.opt.single_cls))
+                                   ctx.opt.single_cls, ctx.opt.modules))
         best = ctx.saver.best if ctx.saver.best.is_file() else None
         loop.callbacks.run("on_train_end", ctx.saver.last, best, last_epoch, results)
     barrier(ctx.dist)
