@@ -16,12 +16,12 @@ from tests.support.user_block_zoo import (CBAM, ZOO, CoordAttention, DeformableC
                                           PyramidPooling, RegionContext, SpatialTransformer, SqueezeExcite,
                                           write_zoo_model_yaml)
 from utils.determinism.op_audit import audit_model
-from utils.determinism.op_table import NONDETERMINISTIC_OPS
+from utils.determinism import op_table
 from utils.determinism.twins.plan import twinned_audit
 
 # The op table knows torchvision's operators once its torchvision rows exist (the audit-side part of the
 # deterministic-twins work); until then it calls deform_conv2d and roi_align clean, the bug they fix.
-TABLE_KNOWS_TORCHVISION = any(getattr(row, "namespace", "aten") == "torchvision" for row in NONDETERMINISTIC_OPS)
+TABLE_KNOWS_TORCHVISION = bool(getattr(op_table, "TORCHVISION_OPS", ()))
 needs_torchvision_rows = pytest.mark.xfail(not TABLE_KNOWS_TORCHVISION, strict=True,
                                            reason="the op table has no torchvision rows: deform_conv2d and "
                                                   "roi_align audit clean")
@@ -40,8 +40,8 @@ EXPECTED = {
     SpatialTransformer: ({("grid_sampler_2d_backward", "")}, {"grid_sample"}),
     PooledBicubic: ({("_adaptive_avg_pool2d_backward", "pool"), ("upsample_bicubic2d_backward", "")},
                     {"adaptive_avg_pool2d", "interpolate"}),
-    DeformableConv: ({("_deform_conv2d_backward", "deform")}, {"deform_conv2d"}),
-    RegionContext: ({("_roi_align_backward", "")}, {"roi_align"}),
+    DeformableConv: ({("torchvision::_deform_conv2d_backward", "deform")}, {"deform_conv2d"}),
+    RegionContext: ({("torchvision::_roi_align_backward", "")}, {"roi_align"}),
 }
 TORCHVISION_BLOCKS = (DeformableConv, RegionContext)
 
