@@ -204,8 +204,8 @@ def test_twins_resolve_the_op_table_names_of_their_findings():
     assert [t.name for t in twins_resolving(["adaptive_max_pool2d_backward", "put_"])] == ["adaptive_max_pool2d"]
     assert "upsample_bicubic2d_backward" in twin_named("interpolate").resolves
     # the audit names torchvision's findings with their namespace
-    assert [t.name for t in twins_resolving(["torchvision::_roi_align_backward", "torchvision::_deform_conv2d_backward"])
-            ] == ["deform_conv2d", "roi_align"]
+    namespaced = ["torchvision::_roi_align_backward", "torchvision::_deform_conv2d_backward"]
+    assert [t.name for t in twins_resolving(namespaced)] == ["deform_conv2d", "roi_align"]
 
 
 def test_torchvision_operators_reach_the_router_with_their_own_arguments():
