@@ -203,6 +203,9 @@ def test_a_twin_is_one_table_entry_and_an_adapter_may_decline():
 def test_twins_resolve_the_op_table_names_of_their_findings():
     assert [t.name for t in twins_resolving(["adaptive_max_pool2d_backward", "put_"])] == ["adaptive_max_pool2d"]
     assert "upsample_bicubic2d_backward" in twin_named("interpolate").resolves
+    # the audit names torchvision's findings with their namespace
+    namespaced = ["torchvision::_roi_align_backward", "torchvision::_deform_conv2d_backward"]
+    assert [t.name for t in twins_resolving(namespaced)] == ["deform_conv2d", "roi_align"]
 
 
 def test_torchvision_operators_reach_the_router_with_their_own_arguments():
@@ -219,6 +222,32 @@ def test_torchvision_operators_reach_the_router_with_their_own_arguments():
     assert out.shape == (1, 2, 3, 2) and seen == [((1, 5), (3, 2), 0.5, 2, True)]
     assert torchvision_operator("no_such_operator") is None
     assert len(deform_conv2d_routes(lambda *a, **k: None)) == 2
+
+
+def test_roi_align_s_deterministic_python_path_runs_the_twin_while_routing(monkeypatch):
+    """On CUDA under determinism torchvision.ops.roi_align skips its operator for the module function
+    _roi_align, which the mode cannot see. Forced here by torchvision's own switch (no operators), with
+    _roi_align made to fail: while routing the twin answers, and afterwards _roi_align is put back."""
+    import sys
+
+    import torchvision.ops as tvo
+
+    module = sys.modules["torchvision.ops.roi_align"]
+    x = torch.randn(2, 3, 9, 11, dtype=torch.float64, requires_grad=True)
+    boxes = torch.tensor([[0, 1.0, 1.5, 7.0, 6.0], [1, 0.0, 2.0, 9.5, 8.0]], dtype=torch.float64)
+    expected = tvo.roi_align(x, boxes, (3, 2), 0.5, 2, True)
+
+    def torchvision_fallback(*args):
+        raise AssertionError("torchvision's pure-PyTorch roi_align ran")
+
+    monkeypatch.setattr(module, "_roi_align", torchvision_fallback)
+    monkeypatch.setattr(module, "_has_ops", lambda: False)
+    with OpRecorder() as recorder, routing([twin_named("roi_align")]):
+        routed = tvo.roi_align(x, boxes, (3, 2), 0.5, 2, True)
+    torch.testing.assert_close(routed, expected, **FLOAT64)
+    assert "roi_align" not in recorder.ops and module._roi_align is torchvision_fallback
+    with pytest.raises(AssertionError, match="pure-PyTorch"):
+        tvo.roi_align(x, boxes, (3, 2), 0.5, 2, True)
 
 
 # ----------------------------------------------------------------------------- audit and policy
