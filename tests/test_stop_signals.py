@@ -49,7 +49,7 @@ def test_ctrl_c_during_the_start_up_audit_is_one_line_and_exit_130(tmp_path, tin
 
 @pytest.mark.slow
 def test_sigterm_during_the_final_validation_keeps_the_finished_weights(tmp_path, tiny_cfg, shapes_data):
-    code, output = stopped("train", "train:attempt_load", "TERM", "--cfg", tiny_cfg, "--data", shapes_data,
+    code, output = stopped("train", "train:load_backend", "TERM", "--cfg", tiny_cfg, "--data", shapes_data,
                            "--imgsz", 64, "--epochs", 1, "--batch-size", 8, "--device", "cpu", "--workers", 0,
                            "--noplots", "--project", tmp_path, "--name", "exp")
     assert code == 143, output[-3000:]

@@ -20,6 +20,7 @@ import signal
 import sys
 from functools import wraps
 
+from utils.env_vars import read
 from utils.logging import LOGGER
 
 # SIGUSR1 is missing on Windows
@@ -79,7 +80,7 @@ def end_worker_processes() -> None:
 
 def _prints_for_the_job() -> bool:
     """Under torchrun every rank gets the signal; rank 0 speaks for the job."""
-    return os.environ.get("RANK", "0") == "0"
+    return read("RANK") <= 0  # -1 when unset: no torchrun
 
 
 def _program(program: str) -> str:

@@ -193,7 +193,10 @@ def zoo_model_yaml(blocks=ZOO) -> str:
 
 
 def write_zoo_model_yaml(folder: Path, blocks=ZOO, name: str = "zoo.yaml") -> Path:
-    """Write :func:`zoo_model_yaml` to ``folder / name``; returns its path."""
+    """Write :func:`zoo_model_yaml` to ``folder / name``; returns its path. The blocks are registered again
+    first: a test that ran earlier in this process may have registered a block of the same name (an SE block)."""
+    for block in blocks:
+        register_module(block, style="same", override=True)
     path = Path(folder) / name
     path.write_text(zoo_model_yaml(blocks))
     return path

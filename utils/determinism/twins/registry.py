@@ -20,6 +20,7 @@ Adding a twin is one entry of :data:`TWINS`: ``Twin(name, resolves, same_signatu
 for a twin with the native function's signature, or the routes of ``torchvision_routes.py``.
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ class Twin:
     name: str
     resolves: tuple  # aten op names (as audit findings name them) whose backward the twin replaces
     routes: tuple  # ((native callable, adapter(*args, **kwargs) -> result or NATIVE), ...)
-    patches: tuple = ()  # ((module, attribute, replacement), ...): Python functions the mode cannot see
+    patches: tuple = ()  # ((module name, attribute, replacement), ...): Python functions the mode cannot see
 
 
 def same_signature(twin, *natives) -> tuple:
@@ -163,8 +164,12 @@ class TwinRouter(TorchFunctionMode):
         self.originals: list = []
 
     def __enter__(self):
-        self.originals = [(module, name, getattr(module, name)) for module, name, _ in self.patches]
-        for module, name, replacement in self.patches:
+        # A module nobody imported has no caller to redirect, and importing it here would load its package
+        # (torchvision) into every training process.
+        present = [(sys.modules[module_name], name, replacement) for module_name, name, replacement in self.patches
+                   if hasattr(sys.modules.get(module_name), name)]
+        self.originals = [(module, name, getattr(module, name)) for module, name, _ in present]
+        for module, name, replacement in present:
             setattr(module, name, replacement)
         return super().__enter__()
 

@@ -8,7 +8,6 @@ sizes split into height and width, groups counted). Each function here returns r
 signature of a twin, or no routes when torchvision's operators are not loaded.
 """
 
-import importlib
 
 import torch
 
@@ -44,16 +43,12 @@ def roi_align_routes(twin) -> tuple:
 
 
 def roi_align_patches(twin) -> tuple:
-    """``((module, "_roi_align", adapter),)``: on CUDA (and MPS, XPU) under ``use_deterministic_algorithms(True)``,
-    ``torchvision.ops.roi_align`` and ``RoIAlign`` do not call the operator: they run the module function
-    ``_roi_align`` (torchvision's pure-PyTorch version, compiled with ``torch.compile`` on its first call),
-    with the operator's arguments. A TorchFunctionMode does not see a Python function, so while routing that
-    module attribute is the twin. None when torchvision has no such function."""
-    try:
-        module = importlib.import_module("torchvision.ops.roi_align")
-    except ImportError:
-        return ()
-    return ((module, "_roi_align", _roi_align_adapter(twin)),) if callable(getattr(module, "_roi_align", None)) else ()
+    """``(("torchvision.ops.roi_align", "_roi_align", adapter),)``: on CUDA (and MPS, XPU) under
+    ``use_deterministic_algorithms(True)``, ``torchvision.ops.roi_align`` and ``RoIAlign`` do not call the
+    operator: they run the module function ``_roi_align`` (torchvision's pure-PyTorch version, compiled with
+    ``torch.compile`` on its first call), with the operator's arguments. A TorchFunctionMode does not see a
+    Python function, so while routing that module attribute is the twin (when the module is imported)."""
+    return (("torchvision.ops.roi_align", "_roi_align", _roi_align_adapter(twin)),)
 
 
 def roi_pool_routes(twin) -> tuple:
