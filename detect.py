@@ -43,9 +43,10 @@ from utils.options import (DETECT_UPSTREAM_FLAGS, OneLineErrorParser, OptionRule
                            check_options, find_repo_file)
 from utils.ops import (check_class_filter, check_img_size, non_max_suppression, scale_boxes, size_list,
                        yolo_label_lines)  # noqa: E402
-from utils.out_of_memory import DETECT_ADVICE, out_of_memory_hint  # noqa: E402
+from utils.out_of_memory import DETECT_ADVICE, out_of_memory_anywhere, out_of_memory_hint  # noqa: E402
 from utils.plots import Annotator, colors, save_one_box  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor  # noqa: E402
+from utils.stop_signals import exit_on_stop_signal  # noqa: E402
 from utils.dataset.sources import LoadImages, Webcam  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
@@ -73,6 +74,13 @@ class VideoSink:
         if self.writer is not None:
             self.writer.release()
         self.path, self.writer = None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()  # also on Ctrl-C or an error: the frames written so far stay a playable video
+        return False
 
 
 class SourceSummary:
@@ -337,28 +345,27 @@ def run(weights, source, data=None, imgsz=(640, 640), conf_thres=0.25, iou_thres
     make_run_folder(save_dir / "labels" if save_txt else save_dir)
     nms_options = dict(conf_thres=conf_thres, iou_thres=iou_thres, classes=classes, agnostic=agnostic_nms,
                        max_det=max_det)
-    video, summary = VideoSink(), SourceSummary(names)
+    summary = SourceSummary(names)
     files = getattr(dataset, "files", [])
     videos = {f for f, is_video in zip(files, getattr(dataset, "video_flag", [])) if is_video}
     outputs = dict(stems=label_stems(files, videos), label_files=set(), save_txt=save_txt,
                    save_conf=save_conf, save_csv=save_csv, save_crop=save_crop, view_img=view_img, nosave=nosave,
                    line_thickness=line_thickness, hide_labels=hide_labels, hide_conf=hide_conf)
     dt, seen = [0.0, 0.0, 0.0], 0
-    for frames in frame_batches(dataset, batch_size):
-        with out_of_memory_hint("detection", batch_size, imgsz, device, DETECT_ADVICE), \
-                recorded_layer_outputs(layers) if layers is not None else contextlib.nullcontext({}) as fmaps:
-            dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
-        dt = [total + t for total, t in zip(dt, times)]
-        seen += len(frames)
-        for b, (f, det) in enumerate(zip(frames, dets)):
-            with output_errors(save_dir):
-                write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
-                if fmaps:
-                    save_feature_maps(fmaps, b, feature_map_folder(save_dir, f, outputs["stems"]))
-            log_frame(f, det, names, times[1] / len(frames))
-            summary.add(f.path, det[:, 5].tolist(), sum(times) / len(frames), f.mode != "image")
-
-    video.release()
+    with VideoSink() as video:
+        for frames in frame_batches(dataset, batch_size):
+            with out_of_memory_hint("detection", batch_size, imgsz, device, DETECT_ADVICE), \
+                    recorded_layer_outputs(layers) if layers is not None else contextlib.nullcontext({}) as fmaps:
+                dets, times = predict_frames(model, frames, slicer, device, half, augment, nms_options)
+            dt = [total + t for total, t in zip(dt, times)]
+            seen += len(frames)
+            for b, (f, det) in enumerate(zip(frames, dets)):
+                with output_errors(save_dir):
+                    write_outputs(det, f.im0, f.path, f.frame, f.fps, f.mode, save_dir, video, names, outputs)
+                    if fmaps:
+                        save_feature_maps(fmaps, b, feature_map_folder(save_dir, f, outputs["stems"]))
+                log_frame(f, det, names, times[1] / len(frames))
+                summary.add(f.path, det[:, 5].tolist(), sum(times) / len(frames), f.mode != "image")
     summary.finish(source)
     report(dt, seen, (min(batch_size, max(seen, 1)), 3, *imgsz), save_dir,
            len(outputs["label_files"]) if save_txt else None, nosave)
@@ -489,10 +496,12 @@ def parse_opt(argv=None):
     return opt
 
 
+@exit_on_stop_signal("detection")
 @exit_on_user_error
 def cli(argv=None):
     opt = parse_opt(argv)
-    run(**vars(opt))
+    with out_of_memory_anywhere("detect.py", DETECT_ADVICE):
+        run(**vars(opt))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from utils.dataset.tiles import box_scale, resolve_tile_size
 from utils.ddp import (DistInfo, barrier, check_ddp_batch, destroy_process_group, dist_info_from_env, refused_alike,
                        init_process_group, per_rank_batch_size)
 from utils.determinism.audit_cache import start_up_audit
+from utils.determinism.machine import check_resumed_machine
 from utils.determinism.reproducibility import determinism_report, run_guarantee, write_json
 from utils.errors import UserError, exit_on_user_error
 from utils.extra_hyps import resolve_nwd_constant, with_extra_hyp
@@ -37,9 +38,10 @@ from utils.metrics import ValMetrics
 from utils.ops import check_img_size
 from utils.options import (TRAIN_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, add_shared_flags, check_options,
                            merge_resumed_options, typed_flags)
-from utils.out_of_memory import out_of_memory_hint
+from utils.out_of_memory import TRAIN_ADVICE, out_of_memory_anywhere, out_of_memory_hint
 from utils.plots import plot_labels, plot_results
 from utils.rng_state import set_rng_state
+from utils.stop_signals import exit_on_stop_signal, stop_stage
 from utils.torch_utils import (MODES, configure_determinism, freeze_layers, grid_size, intersect_dicts,
                                prepare_cuda_environment, select_device)
 from utils.tracking import LOGGERS, check_loggers, start_tracking
@@ -237,7 +239,8 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
                      names=names, imgsz=imgsz, batch_size=opt.batch_size, per_rank_batch=per_rank_batch,
                      plots=not opt.evolve and not opt.noplots, train_loader=train_loader, val_loader=val_loader,
                      saver=CheckpointSaver.for_run(save_dir, opt, resume_ckpt), validate=validate.run)
-    with held_run_folder(opt, hyp, dist.is_main):
+    trained = False  # a stop after the loop names the weights on disk
+    with stop_stage(lambda: after_training(ctx) if trained else None), held_run_folder(opt, hyp, dist.is_main):
         results_log = ResultsLog(save_dir / "results.csv")
         loop = start_loop(ctx, model, hyp, amp, dataset, resume_ckpt, audit, audit_path, results_log)
         user_callbacks.run("on_pretrain_routine_end", dataset_labels(dataset), names)
@@ -246,7 +249,9 @@ def train(hyp: dict, opt, device, dist: DistInfo, resume_ckpt=None, callbacks: C
             if dist.is_main:
                 own = run_callbacks(results_log, trackers, ctx.plots, save_dir, names)
                 loop.callbacks = own.extended(user_callbacks)
-            return report_run_end(ctx, loop, *loop.run(training_hooks(loop)))
+            outcome = loop.run(training_hooks(loop))
+            trained = True
+            return report_run_end(ctx, loop, *outcome)
 
 
 def dataset_labels(dataset) -> np.ndarray:
@@ -272,9 +277,12 @@ def start_loop(ctx: RunContext, model, hyp: dict, amp: bool, dataset, resume_ckp
         LOGGER.info(f"Resuming {ctx.opt.weights} from epoch {loop.start_epoch}, batch {loop.start_batch}")
     loop.wrap_ddp()
     if ctx.dist.is_main:
-        write_json(ctx.save_dir / "determinism.json", determinism_report(
-            policy=ctx.policy, audit=audit, audit_path=audit_path, opt=ctx.opt, dist=ctx.dist, dataset=dataset,
-            device=ctx.device))
+        report = determinism_report(policy=ctx.policy, audit=audit, audit_path=audit_path, opt=ctx.opt,
+                                    dist=ctx.dist, dataset=dataset, device=ctx.device)
+        if resume_ckpt is not None:
+            report = check_resumed_machine(ctx.save_dir / "determinism.json", report,
+                                           (loop.start_epoch, loop.start_batch))
+        write_json(ctx.save_dir / "determinism.json", report)
     if resume_ckpt is not None:
         set_rng_state(resume_ckpt["rng"], rank=ctx.dist.rank, device=ctx.device)
     return loop
@@ -300,11 +308,26 @@ def report_run_end(ctx: RunContext, loop: TrainLoop, results, last_epoch):
         LOGGER.info(f"{colorstr('guarantee: ')}{run_guarantee(ctx.policy)}")
         if not ctx.opt.evolve:
             LOGGER.info(next_steps(final_file, ctx.opt.data, ctx.data_dict["val"], ctx.imgsz, results,
-                                   ctx.opt.single_cls))
+                                   ctx.opt.single_cls, ctx.opt.modules))
         best = ctx.saver.best if ctx.saver.best.is_file() else None
         loop.callbacks.run("on_train_end", ctx.saver.last, best, last_epoch, results)
     barrier(ctx.dist)
     return results
+
+
+def after_training(ctx: RunContext) -> str:
+    """What a stop after the training loop (final validation, plots, callbacks) leaves: the weights, as on disk."""
+    resume = ctx.saver.resume_command(ctx.dist.world_size)
+    return f"after training finished. {ctx.saver.describe()}" + (f" Finish the run with: {resume}" if resume else "")
+
+
+def before_first_step(opt) -> str:
+    """What a stop before the training loop (start-up, audit, data scan) leaves on disk."""
+    if opt.evolve:
+        return f"during --evolve; the finished generations are in {Path(opt.save_dir) / 'evolve.csv'}"
+    if opt.resume:
+        return f"before its first step; {opt.resume} is unchanged and resumes as before"
+    return "before its first step; no checkpoint was written"
 
 
 def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: DistInfo, hyp: dict, grid: int,
@@ -323,7 +346,7 @@ def build_loaders(opt, data_dict: dict, imgsz: int, per_rank_batch: int, dist: D
         val_batch = aligned_batch_size(per_rank_batch * 2, eval_micro_batch(device))
         val_loader = create_dataloader(
             data_dict["val"], imgsz, val_batch, grid, single_cls=opt.single_cls, hyp=hyp,
-            cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers * 2, pad=0.5,
+            cache=None if opt.noval else opt.cache, rect=True, rank=-1, workers=opt.workers, pad=0.5,
             prefix=colorstr("val: "), seed=opt.seed, nc=nc, reduced_decode=opt.reduced_decode,
             shape_per_image=True)[0]
         validate.warn_if_max_det_caps(val_loader.dataset, validate.detections_per_image(None, data_dict),
@@ -356,8 +379,8 @@ def finish_run(ctx: RunContext, final: tuple, results):
         model = load_backend(final_file, device=ctx.device, fuse=True)
         results = validate.run(
             ctx.data_dict, batch_size=ctx.per_rank_batch * 2, imgsz=ctx.imgsz, model=model, half=False,
-            single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots, verbose=len(ctx.names) < 50,
-            names=ctx.names).metrics
+            workers=ctx.opt.workers, single_cls=ctx.opt.single_cls, save_dir=ctx.save_dir, plots=ctx.plots,
+            verbose=len(ctx.names) < 50, names=ctx.names).metrics
     if ctx.plots:
         plot_results(ctx.save_dir / "results.csv")
     return results, final_file
@@ -384,13 +407,14 @@ def main(opt, argv=None, callbacks: Callbacks | None = None):
                 check_micro_batch(opt.micro_batch, opt.batch_size, dist.world_size, opt)
             if dist.enabled:
                 check_ddp_batch(opt.batch_size, dist.world_size)
-        if opt.evolve:
-            if dist.enabled:
-                raise UserError("--evolve is not supported with DDP; run it on one device")
-            return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist,
-                                                                      callbacks=callbacks))
-        with exit_on_lost_peer(dist):
-            return train(hyp, opt, device, dist, resume_ckpt, callbacks)
+        with stop_stage(before_first_step(opt)):
+            if opt.evolve:
+                if dist.enabled:
+                    raise UserError("--evolve is not supported with DDP; run it on one device")
+                return evolve(hyp, opt, lambda trial_hyp, trial_opt: train(trial_hyp, trial_opt, device, dist,
+                                                                          callbacks=callbacks))
+            with exit_on_lost_peer(dist):
+                return train(hyp, opt, device, dist, resume_ckpt, callbacks)
     finally:
         destroy_process_group(dist)
 
@@ -403,9 +427,11 @@ def run(callbacks: Callbacks | None = None, **kwargs):
     return main(build_parser().parse_keywords(kwargs, "train.run"), argv=[], callbacks=callbacks)
 
 
+@exit_on_stop_signal("training")
 @exit_on_user_error
 def cli():
-    main(parse_opt())
+    with out_of_memory_anywhere("train.py", TRAIN_ADVICE):
+        main(parse_opt())
 
 
 if __name__ == "__main__":

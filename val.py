@@ -39,11 +39,12 @@ from utils.options import (VAL_UPSTREAM_FLAGS, OneLineErrorParser, OptionRules, 
                            check_options, keyword_value)
 from utils.ops import (check_img_size, check_thresholds, non_max_suppression, scale_boxes, xywh2xyxy,  # noqa: E402
                        yolo_label_lines)
-from utils.out_of_memory import TRAIN_ADVICE, VAL_ADVICE, out_of_memory_hint  # noqa: E402
+from utils.out_of_memory import TRAIN_ADVICE, VAL_ADVICE, out_of_memory_anywhere, out_of_memory_hint  # noqa: E402
 from utils.plots import (output_to_target, plot_ap_curves, plot_band_pr, plot_confusion_matrix,  # noqa: E402
                          plot_images)
 from utils.size_metrics import SizeBandStats, log_band_table  # noqa: E402
 from utils.slicing import add_slice_arguments, sliced_predictor, to_letterbox  # noqa: E402
+from utils.stop_signals import exit_on_stop_signal  # noqa: E402
 from utils.torch_utils import select_device, time_sync  # noqa: E402
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
@@ -502,11 +503,13 @@ def study(opt):
     return None
 
 
+@exit_on_stop_signal("validation")
 @exit_on_user_error
 def cli(argv=None):
     opt = parse_opt(argv)
     try:
-        main(opt)
+        with out_of_memory_anywhere("val.py", VAL_ADVICE):
+            main(opt)
     except OSError as e:  # disk full or read-only --project: one line, not a traceback
         raise UserError(f"--project {opt.project}: {e.filename or 'a file'}: {e.strerror or e}; validation stopped "
                         "and the results written so far are incomplete: free disk space or choose another "

@@ -37,6 +37,22 @@ def pytest_xdist_auto_num_workers(config):
     return min(MAX_WORKERS, os.cpu_count() or 1)
 
 
+# The files with the longest end-to-end runs, longest first. ``--dist loadfile --no-loadscope-reorder``
+# (pytest.ini) hands whole files to the workers in collection order; these go first, so the many short
+# files balance the workers at the end instead of one worker starting a long file while the others idle.
+# Xdist's own order (most tests first) put the one-test multi-process files last. Only the order changes.
+LONGEST_FILES_FIRST = ("test_multi_gpu_proof.py", "test_tile_training.py", "test_cluster_signals.py",
+                       "test_reproducibility.py", "test_ddp.py", "test_world_size_invariance.py",
+                       "test_ddp_multinode.py", "test_ddp_resume.py", "test_cluster_slurm.py",
+                       "test_gpu_proof_replay.py", "test_ddp_reduction.py", "test_gpu_proof.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Collect the LONGEST_FILES_FIRST first (a stable sort: every file keeps its tests' order)."""
+    rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
 # none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one.
 os.environ["FFCA_AUDIT_CACHE"] = "off"

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from utils.determinism.compare import compare_runs, main
+from utils.determinism.machine import check_resumed_machine
 from utils.files import yaml_save
 from utils.determinism.reproducibility import data_fingerprint
 
@@ -30,20 +31,60 @@ def test_identical_runs_say_so_and_exit_0(tmp_path, capsys):
     assert "DIFFER" not in capsys.readouterr().out
 
 
-def test_one_changed_option_is_named_first(tmp_path):
+def test_settings_that_did_not_change_the_result_are_listed_and_the_runs_are_identical(tmp_path, capsys):
+    """--workers 0 and 2 give one checksum and one results.csv: identical, with workers named as a change."""
+    a = _run(tmp_path / "a", opt={"workers": 0}, report_extra={"workers": 0})
+    b = _run(tmp_path / "b", opt={"workers": 2}, report_extra={"workers": 2})
+    assert main([str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4:] == ["changes that did not alter the result:", "  workers: 0 -> 2 (options)",
+                          "  workers: 0 -> 2 (environment)", "verdict: identical"]
+
+
+def test_one_changed_option_is_named_as_the_cause(tmp_path):
     a = _run(tmp_path / "a")
     b = _run(tmp_path / "b", opt={"imgsz": 96}, rows=ROWS.replace("0.3", "0.4"), checksum="d" * 64)
     lines, identical = compare_runs(a, b)
     assert not identical
-    assert lines[2:4] == ["options: DIFFER", "  imgsz: 64 -> 96"]
-    assert "results.csv: first differing row is epoch 1" in lines
-    assert any(line.startswith("final checksums: DIFFER") for line in lines)
+    assert lines[2:5] == ["results.csv: DIFFER from epoch 1", "  A: 1,0.09,0.3", "  B: 1,0.09,0.4"]
+    assert lines[5].startswith("final checksums: DIFFER")
+    assert lines[lines.index("options: DIFFER") + 1] == "  imgsz: 64 -> 96"
+    assert lines[-1] == "verdict: the runs differ; first cause found: options: imgsz: 64 -> 96"
 
 
-def test_a_different_thread_count_is_an_environment_difference(tmp_path):
-    lines, identical = compare_runs(_run(tmp_path / "a"), _run(tmp_path / "b", threads=1))
-    assert not identical and "options: same" in lines
-    assert lines[lines.index("environment: DIFFER") + 1] == "  threads: 2 -> 1"
+def test_the_machine_is_named_first_when_results_differ(tmp_path):
+    a = _run(tmp_path / "a", report_extra={"cpu_capability": "AVX512"})
+    b = _run(tmp_path / "b", threads=1, opt={"imgsz": 96}, checksum="d" * 64, report_extra={"cpu_capability": "AVX2"})
+    lines, identical = compare_runs(a, b)
+    assert not identical
+    machine = lines[lines.index("machine: DIFFER") + 1:][:2]
+    assert machine == ["  thread count: 2 -> 1", "  CPU capability: 'AVX512' -> 'AVX2'"]
+    assert lines[-1] == "verdict: the runs differ; first cause found: machine: thread count: 2 -> 1"
+
+
+def test_a_resume_on_another_machine_setup_is_named_as_the_cause(tmp_path):
+    change = {"resumed_at": [1, 0], "changes": {"thread count": [2, 1]}}
+    a = _run(tmp_path / "a")
+    b = _run(tmp_path / "b", checksum="d" * 64, report_extra={"machine_changes": [change]})
+    lines, identical = compare_runs(a, b)
+    assert not identical and "environment: same" in lines and "options: same" in lines
+    assert lines[-1] == ("verdict: the runs differ; first cause found: machine: B resumed at epoch 1 batch 0 "
+                         "under thread count 2 -> 1")
+
+
+def test_results_that_differ_with_nothing_else_differing_say_so(tmp_path):
+    lines, identical = compare_runs(_run(tmp_path / "a"), _run(tmp_path / "b", checksum="d" * 64))
+    assert not identical and lines[-1].startswith("verdict: the runs differ, and nothing that changes a result")
+
+
+def test_a_setting_that_changes_no_result_is_listed_but_not_named_as_the_cause(tmp_path):
+    a = _run(tmp_path / "a", opt={"workers": 0}, report_extra={"workers": 0})
+    b = _run(tmp_path / "b", opt={"workers": 2}, report_extra={"workers": 2, "mode": "off"}, checksum="d" * 64)
+    lines, identical = compare_runs(a, b)
+    assert not identical and lines[lines.index("options: DIFFER") + 1] == "  workers: 0 -> 2"
+    assert lines[-1] == "verdict: the runs differ; first cause found: environment: mode: 'scoped' -> 'off'"
+    lines, _ = compare_runs(a, _run(tmp_path / "c", opt={"workers": 2}, report_extra={"workers": 2}, checksum="d" * 64))
+    assert lines[-1].startswith("verdict: the runs differ, and nothing that changes a result differs")
 
 
 def test_a_report_repeating_the_audit_in_policy_state_compares_by_the_top_level_copy(tmp_path):
@@ -52,8 +93,10 @@ def test_a_report_repeating_the_audit_in_policy_state_compares_by_the_top_level_
     older = _run(tmp_path / "older",
                  report_extra={"audit": audit, "nondeterministic_ops": {}, "policy_state": repeated})
     newer = _run(tmp_path / "newer", report_extra={"audit": audit, "nondeterministic_ops": {}, "policy_state": state})
-    assert compare_runs(older, newer)[1]
-    flagged = _run(tmp_path / "flagged", report_extra={"audit": {**audit, "clean": False}, "policy_state": state})
+    lines, identical = compare_runs(older, newer)
+    assert identical and "changes that did not alter the result:" not in lines
+    flagged = _run(tmp_path / "flagged", checksum="d" * 64,
+                   report_extra={"audit": {**audit, "clean": False}, "policy_state": state})
     lines, identical = compare_runs(newer, flagged)
     assert not identical and "  audit.clean: True -> False" in lines
 
@@ -68,8 +111,20 @@ def test_one_changed_label_file_changes_the_fingerprint_and_compare_names_the_da
     labels[1].write_text("1 0.5 0.5 0.1 0.1\n")
     after = data_fingerprint(images, labels)
     assert after != before
-    lines, identical = compare_runs(_run(tmp_path / "a", fingerprint=before), _run(tmp_path / "b", fingerprint=after))
+    lines, identical = compare_runs(_run(tmp_path / "a", fingerprint=before),
+                                    _run(tmp_path / "b", fingerprint=after, checksum="d" * 64))
     assert not identical and "environment: same" in lines and "data: DIFFER" in lines
+    assert lines[-1].startswith("verdict: the runs differ; first cause found: data: data_fingerprint:")
+
+
+def test_runs_without_any_result_are_exit_2(tmp_path, capsys):
+    a, b = _run(tmp_path / "a", rows="", checksum=None), _run(tmp_path / "b", rows="", checksum=None)
+    for run in (a, b):
+        (run / "results.csv").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a), str(b)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "neither run has a result yet" in err[0]
 
 
 @pytest.mark.parametrize("missing", ["folder", "determinism.json"])
@@ -131,3 +186,22 @@ def test_a_results_csv_saved_with_a_byte_order_mark_compares_as_the_same(tmp_pat
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
     (b / "results.csv").write_bytes(ROWS.encode("utf-8-sig"))
     assert compare_runs(a, b)[1]
+
+
+def test_a_resume_on_another_setup_warns_once_naming_both_values_and_is_recorded(tmp_path, log_lines):
+    record = tmp_path / "determinism.json"
+    before = {"threads": 2, "cpu_capability": "AVX512", "versions": {"torch": "2.14.1", "cuda": None},
+              "devices": ["cpu (2 cores)"]}
+    record.write_text(json.dumps(before))
+    after = {**before, "threads": 1, "cpu_capability": "AVX2", "devices": ["cpu (16 cores)"]}
+    report = check_resumed_machine(record, after, (1, 3))
+    warnings = [line for line in log_lines if "another machine setup" in line]
+    assert len(warnings) == 1 and "thread count 2 -> 1, CPU capability AVX512 -> AVX2. " in warnings[0]
+    assert "will not match an uninterrupted run bit for bit" in warnings[0] and "cores" not in warnings[0]
+    assert report["machine_changes"] == [{"resumed_at": [1, 3],
+                                          "changes": {"thread count": [2, 1], "CPU capability": ["AVX512", "AVX2"]}}]
+    record.write_text(json.dumps(report))
+    again = check_resumed_machine(record, after, (2, 0))  # the same setup as the last part: no new warning
+    assert len([line for line in log_lines if "another machine setup" in line]) == 1
+    assert again["machine_changes"] == report["machine_changes"]
+    assert "machine_changes" not in check_resumed_machine(tmp_path / "missing.json", after, (1, 0))

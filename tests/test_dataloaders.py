@@ -1,5 +1,6 @@
 """Data sets and loaders: per-file verdicts, label cache, image formats, determinism, sharding, sources."""
 
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from utils.dataset import image_cache, label_cache
+from utils.dataset import image_cache, image_io, label_cache
 from utils.augmentations import letterbox
 from utils.dataloaders import LoadImagesAndLabels, create_dataloader
 from utils.errors import UserError
@@ -269,23 +270,50 @@ def test_cache_is_written_safely_reused_and_rebuilt_on_change(tmp_path, monkeypa
     np.testing.assert_allclose(changed.labels[0][:, 0], [2, 2])
 
 
-def test_cache_hash_formula_is_unchanged(tmp_path, monkeypatch):
-    """determinism.json records cache_hash: the same files must keep giving the same hash across versions.
-
-    The expected values were computed by the label-cache code before it moved to utils/dataset/label_cache.py.
-    """
+def test_cache_hash_formula_is_pinned(tmp_path, monkeypatch):
+    """determinism.json records cache_hash: the formula is spelled out here, independently of the code, so the
+    same files keep giving the same hash across versions."""
     monkeypatch.chdir(tmp_path)
     files = ["images/train/a.jpg", "images/train/b.jpg", "labels/train/a.txt", "labels/train/b.txt"]
     for j, f in enumerate(files):
         Path(f).parent.mkdir(parents=True, exist_ok=True)
         Path(f).write_bytes(bytes(range(20 + j)))
-        os.utime(f, (1_700_000_000 + j, 1_700_000_000 + j))
-    key = label_cache.label_cache_key(files[:2], files[2:])
-    assert key == "320ffa39c3c6517795a6c0129a7357423cb68a3a4d7dfb12dd6558278e0e5d45"
-    missing = label_cache.label_cache_key(files[:2] + ["images/train/gone.jpg"], files[2:] + ["labels/train/gone.txt"])
-    assert missing == "0cb38247d920f060bc73b2599a6e50d7b190b0d03cc766fd660958eef02fb7c1"
-    os.utime(files[2], (1_700_000_000, 1_700_000_009))
-    assert label_cache.label_cache_key(files[:2], files[2:]) != key  # a touched label file is new data
+    def identity(f: str) -> str:
+        data = Path(f).read_bytes() if Path(f).exists() else None
+        return f"{f}|missing\n" if data is None else f"{f}|{len(data)}|{hashlib.sha256(data).hexdigest()}\n"
+
+    def expected(paths) -> str:
+        return hashlib.sha256(b"ffca-labels-3|0.01|10" + "".join(map(identity, paths)).encode()).hexdigest()
+
+    assert label_cache.label_cache_key(files[:2], files[2:]) == expected(files)
+    gone = "images/train/gone.jpg"
+    assert label_cache.label_cache_key([*files[:2], gone], files[2:]) == expected([*files[:2], gone, *files[2:]])
+    assert identity(files[0]) == f"{files[0]}|20|{hashlib.sha256(bytes(range(20))).hexdigest()}\n"
+
+
+def test_a_label_replaced_with_its_size_and_timestamps_kept_is_read_anew(tmp_path):
+    """``cp -p`` of a same-size label file keeps size and modification time: the cache must see the new rows."""
+    images = make_dataset(tmp_path, n=3)
+    label = tmp_path / "labels" / "train" / "im0.txt"
+    label.write_text("1 0.5 0.5 0.2 0.2\n")
+    first = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    stat = label.stat()
+    label.write_text("2 0.5 0.5 0.2 0.2\n")
+    os.utime(label, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert again.cache_hash != first.cache_hash
+    assert again.labels[again.im_files.index(str(images / "im0.jpg"))][:, 0].tolist() == [2]
+
+
+def test_the_label_scan_runs_serially_when_no_thread_can_start(tmp_path, monkeypatch, log_lines):
+    images = make_dataset(tmp_path, n=3)
+
+    def no_threads(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(image_io, "ThreadPool", no_threads)
+    ds = LoadImagesAndLabels(str(images), img_size=64, nc=3)
+    assert len(ds) == 3 and any("one file at a time (can't start new thread)" in m for m in log_lines)
 
 
 def test_cache_hash_depends_only_on_the_files(tmp_path):

@@ -77,11 +77,10 @@ def test_resume_under_ddp_matches_uninterrupted(ddp_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags, message", [
-    (["--batch-size", "5"], "--batch-size 5 must be a multiple of the world size 2"),
-    (["--batch-size", "4", "--micro-batch", "4"], "makes 1 micro-batches a step, which 2 processes cannot share"),
-])
-def test_a_world_size_refused_is_one_error_line_from_rank_0(shapes_data, tiny_cfg, tmp_path, flags, message):
+def test_a_world_size_refused_is_one_error_line_from_rank_0(shapes_data, tiny_cfg, tmp_path):
+    """Every rank finds the refusal after joining the group (utils.ddp.refused_alike, which --micro-batch's check
+    shares): rank 0 alone prints it."""
+    flags, message = ["--batch-size", "5"], "--batch-size 5 must be a multiple of the world size 2"
     proc = torchrun(2, "--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, "--imgsz", "64",
                     "--device", "cpu", *flags, timeout=200)
     assert proc.returncode != 0

@@ -88,20 +88,28 @@ def run_two_nodes(train_args: list, logs: Path) -> list:
     return [(code, (logs / f"node{k}.log").read_text()) for k, code in enumerate(codes)]
 
 
-@pytest.mark.slow
-def test_two_nodes_on_one_machine_equal_two_processes_on_one_node(shapes_data, tiny_cfg, tmp_path):
-    args = ["--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, *COMMON]
-    nodes = run_two_nodes([*args, "--name", "nodes"], tmp_path.parent / f"{tmp_path.name}-logs")
-    for node_rank, (code, output) in enumerate(nodes):
+@pytest.fixture(scope="module")
+def two_nodes_run(shapes_data, tiny_cfg, tmp_path_factory) -> Path:
+    """The uninterrupted 2-epoch two-node run, alone in its project; the one-node run and the resumed run below
+    must both end with it (one launch of both nodes fewer than each test training its own)."""
+    project = tmp_path_factory.mktemp("two_nodes")
+    args = ["--data", shapes_data, "--cfg", tiny_cfg, "--project", project, *COMMON, "--epochs", "2", "--name", "whole"]
+    for node_rank, (code, output) in enumerate(run_two_nodes(args, project.parent / f"{project.name}-logs")):
         assert code == 0, f"node {node_rank}:\n{output[-3000:]}"
+    return project / "whole"
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_machine_equal_two_processes_on_one_node(two_nodes_run, shapes_data, tiny_cfg, tmp_path):
+    args = ["--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, *COMMON, "--epochs", "2"]
     single = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              "train.py", *map(str, args), "--name", "one-node"], cwd=ROOT, env=launcher_env(),
                             capture_output=True, text=True, timeout=TIMEOUT_S)
     assert single.returncode == 0, single.stderr[-3000:]
-    assert '"world_size": 2' in (tmp_path / "nodes" / "determinism.json").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["nodes", "one-node"]  # node 1 wrote no run folder
-    assert checksum(tmp_path / "nodes") == checksum(tmp_path / "one-node")
-    assert rows(tmp_path / "nodes") == rows(tmp_path / "one-node")
+    assert '"world_size": 2' in (two_nodes_run / "determinism.json").read_text()
+    assert sorted(p.name for p in two_nodes_run.parent.iterdir()) == ["whole"]  # node 1 wrote no run folder
+    assert checksum(two_nodes_run) == checksum(tmp_path / "one-node")
+    assert rows(two_nodes_run) == rows(tmp_path / "one-node")
 
 
 @pytest.mark.slow
@@ -129,15 +137,13 @@ def test_a_killed_node_makes_the_other_exit_non_zero_within_the_timeout(shapes_d
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_node_stops_both_and_resuming_both_ends_as_the_uninterrupted_run(shapes_data, tiny_cfg,
-                                                                                          tmp_path):
+def test_sigterm_to_one_node_stops_both_and_resuming_both_ends_as_the_uninterrupted_run(two_nodes_run, shapes_data,
+                                                                                          tiny_cfg, tmp_path):
     """SIGTERM to node 1's launcher (what a scheduler or ``docker stop`` sends): torchrun passes it to its worker,
     the stop flag's all-reduce stops every rank after the same step, and rank 0 on node 0 saves last.pt.
     ``--resume`` on both launchers must then end with the uninterrupted two-node run's weights and results."""
     args = ["--data", shapes_data, "--cfg", tiny_cfg, "--project", tmp_path, *COMMON, "--epochs", "2"]
     logs = tmp_path.parent / f"{tmp_path.name}-logs"
-    for node_rank, (code, output) in enumerate(run_two_nodes([*args, "--name", "whole"], logs / "whole")):
-        assert code == 0, f"node {node_rank}:\n{output[-3000:]}"
     procs = start_two_nodes([*args, "--name", "stopped"], logs / "stopped")
     try:
         # SIGTERM before the first step ends: 4 steps and a validation remain, so the run cannot finish first
@@ -160,5 +166,5 @@ def test_sigterm_to_one_node_stops_both_and_resuming_both_ends_as_the_uninterrup
     assert torch.load(last, weights_only=True)["next_position"] < [2, 0]
     for node_rank, (code, output) in enumerate(run_two_nodes(["--resume", last], logs / "resumed")):
         assert code == 0, f"node {node_rank}:\n{output[-3000:]}"
-    assert checksum(tmp_path / "stopped") == checksum(tmp_path / "whole")
-    assert rows(tmp_path / "stopped") == rows(tmp_path / "whole")
+    assert checksum(tmp_path / "stopped") == checksum(two_nodes_run)
+    assert rows(tmp_path / "stopped") == rows(two_nodes_run)

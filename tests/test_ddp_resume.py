@@ -1,10 +1,14 @@
-"""SIGTERM in the middle of an epoch and ``--resume`` under DDP with 3 and 4 ranks (gloo on CPU).
+"""SIGTERM in the middle of an epoch and ``--resume`` under DDP with 3 ranks (gloo on CPU).
 
 With two ranks every element-wise gradient sum is ``a + b == b + a``, so a resume that reduces in
 another order cannot show. From three ranks on ``(a + b) + c != a + (b + c)`` in the last bit, and a
 fresh DDP object (which every ``--resume`` builds) starts on other gradient buckets than the
 uninterrupted run is using by then. These runs end with the uninterrupted run's checksum only when
 the reduction order is independent of the bucket layout (utils/ddp.py, ``rank_ordered_mean_hook``).
+
+Three ranks are the fewest on which the order shows, and the hook is one code path for every world size:
+tests/test_ddp_reduction.py checks it bit for bit on 4 ranks, and tests/test_world_size_invariance.py stops
+a 4-process run mid-epoch and resumes it (on 2) to the same bits, so a fourth rank here would prove nothing new.
 """
 
 import subprocess
@@ -40,7 +44,7 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [3, 4])
+@pytest.mark.parametrize("nproc", [3])
 def test_sigterm_mid_epoch_then_resume_matches_uninterrupted(nproc, data, tmp_path):
     data_yaml = write_shapes_dataset(data / f"n{nproc}", n_train=BATCHES_PER_EPOCH * 2 * nproc, n_val=4)
     whole = subprocess.run(torchrun_cmd(nproc, *train_args(data_yaml, tmp_path, "whole", nproc)), cwd=ROOT,

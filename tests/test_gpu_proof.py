@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from benchmarks.gpu_proof import ops as proof_ops
+from benchmarks.gpu_proof import twin_rows
 from benchmarks.gpu_proof.device import LiveDevice
 from benchmarks.gpu_proof.report import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, STATUSES, Proof, row_kind, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SECTIONS = {"ops", "control", "scam", "reruns", "timing"}
+SECTIONS = {"ops", "twins", "control", "scam", "reruns", "timing"}
 CUDA_ONLY = ("AMP on", "CUBLAS_WORKSPACE_CONFIG set in time")
 
 
@@ -53,6 +54,11 @@ def test_quick_cpu_proof_passes_and_records_every_section(tmp_path):
         assert all(row["status"] == "PASS" for row in rows if row["section"] == section and row not in cuda_only)
     killed = by_name["tiny: SIGKILL mid-accumulation + --resume bit-identical"]
     assert "SIGKILL at epoch 0 batch 2 with 2 batch(es) of gradient pending" in killed["detail"]
+    twins = [row for row in rows if row["section"] == "twins"]
+    assert len(twins) == 3 * len(twin_rows.TWIN_CASES) + 2
+    assert all(row["status"] == ("SKIP" if row["name"].endswith("native on CUDA") else "PASS") for row in twins)
+    zoo = by_name["user-block-zoo: strict run with twins, clean audit"]["data"]
+    assert {"adaptive_max_pool2d", "adaptive_avg_pool2d", "grid_sample", "interpolate"} <= set(zoo["twins"])
     timing = [row for row in rows if row["section"] == "timing"]
     assert [row["name"].rsplit(" ", 1)[1] for row in timing] == ["off", "warn", "scoped", "strict"]
     assert all(row["status"] == "INFO" and row["data"]["seconds"] > 0 for row in timing)
@@ -145,6 +151,32 @@ def test_audit_predicts_the_documented_cuda_failures_from_a_cpu():
                          # Issue 37 finding 1: the CPU trace said bilinear raises; CUDA takes the decomposition
                          "interpolate bilinear": (False, [], "meta"),
                          "interpolate bicubic": (True, ["upsample_bicubic2d_backward (backward)"], "meta")}
+
+
+def test_twin_rows_pass_on_the_cpu_and_fail_a_twin_that_varies_or_disagrees(tmp_path):
+    """The twins section in the CPU check: reruns and agreement pass, the native row does not apply; a twin
+    whose backward draws noise fails its reruns row, and one off by 1e-6 fails its agreement row."""
+    proof = Proof(tmp_path / "p.json", budget_s=60, meta={})
+    twin_rows.twin_section(proof, torch.device("cpu"), quick=True)
+    assert [row.name for row in proof.rows][:3] == ["adaptive_max_pool2d (7, 5): twin backward bit-identical x5",
+                                                    "adaptive_max_pool2d (7, 5): twin agrees with native",
+                                                    "adaptive_max_pool2d (7, 5): native on CUDA"]
+    for row in proof.rows:
+        native = row.name.endswith("native on CUDA")
+        assert row.status == ("SKIP" if native else "PASS"), (row.name, row.detail)
+        assert row.claim is not native
+        assert not native or row.detail.startswith("not applicable on cpu")
+
+    def noisy(x):
+        return torch.nn.functional.adaptive_max_pool2d(x, 3) * (1 + 1e-3 * torch.rand(()))
+
+    x = twin_rows.case_input(torch.device("cpu"), quick=True)
+    varying = twin_rows.TwinCase(lambda t: torch.nn.functional.adaptive_max_pool2d(t, 3), noisy)
+    assert twin_rows.twin_reruns_row(varying, x).status == "FAIL"
+    off = twin_rows.TwinCase(lambda t: torch.nn.functional.adaptive_avg_pool2d(t, 3),
+                             lambda t: torch.nn.functional.adaptive_avg_pool2d(t, 3) * (1 + 1e-6))
+    result = twin_rows.agreement_row(off, x)
+    assert result.status == "FAIL" and result.data["forward"] > twin_rows.FORWARD_ATOL
 
 
 @pytest.mark.parametrize("version, raises", [("2.9.0", True), ("2.11.0+cu130", False), ("2.14.1", False)])

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "benchmarks" / "gpu_proof" / "replay"
 TABLE = REPLAY / "cuda-torch-2.14.json"
 RELEASES = ("2.9", "2.11", "2.14")
-SECTIONS = {"ops", "control", "scam", "reruns", "timing"}
+SECTIONS = {"ops", "twins", "control", "scam", "reruns", "timing"}
 FAULTS = {"mismatch_case": "gather", "killed_run": "tiny-workers0", "timing_rows_before_cut": 2}
 
 
@@ -187,7 +187,8 @@ def test_replay_produces_every_row_kind_in_every_section(tmp_path):
     kinds = {}
     for row in rows:
         kinds.setdefault(row_kind(row), []).append(row["name"])
-    assert set(kinds) == {"PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "INFO"}, kinds
+    assert set(kinds) == {"PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "INFO", "SKIP"}, kinds
+    assert kinds["SKIP"] and all(name.endswith("native on CUDA") for name in kinds["SKIP"])  # computed on the CPU
     assert kinds["MISMATCH"] == [FAULTS["mismatch_case"]]
     assert kinds["FAIL"] == ["index_add_ 10^6 -> 1 slot x20, off"]
     assert kinds["TIMEOUT"] == ["tiny: --workers 0 bit-identical"]

@@ -21,3 +21,11 @@ def test_a_single_class_run_prints_the_val_line_that_reproduces_its_metrics():
     lines = next_steps("best.pt", "d.yaml", "val", 64, (0, 0, 0, 0), single_cls=True).splitlines()
     assert shlex.split(lines[1].removeprefix("Next:"))[-1] == "--single-cls"
     assert "--single-cls" not in next_steps("best.pt", "d.yaml", "val", 64, (0, 0, 0, 0)).splitlines()[1]
+
+
+def test_a_run_with_its_own_blocks_prints_lines_that_load_them():
+    lines = next_steps("best.pt", "d.yaml", "val", 64, (0, 0, 0, 0), modules=["my blocks.py", "b/att.py"]).splitlines()
+    for line in lines[1:]:
+        words = shlex.split(line.removeprefix("Next:"))
+        files = [words[i + 1] for i, word in enumerate(words) if word == "--modules"]
+        assert files == ["my blocks.py", "b/att.py"]

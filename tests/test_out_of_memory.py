@@ -7,6 +7,8 @@ The allocator fails on purpose: the step raises what PyTorch raises when an allo
 
 import sys
 
+import cv2
+import numpy as np
 import pytest
 import torch
 
@@ -15,8 +17,9 @@ import train
 import val
 from models.yolo import Model
 from utils import autobatch
+from utils.dataset import image_cache, label_cache
 from utils.errors import OutOfMemory
-from utils.out_of_memory import out_of_memory_hint
+from utils.out_of_memory import VAL_ADVICE, out_of_memory_anywhere, out_of_memory_hint
 from utils.training.checkpoints import load_checkpoint, save_checkpoint
 
 FAILURES = {
@@ -119,3 +122,42 @@ def test_other_errors_pass_through_the_hint():
         raise RuntimeError("shape mismatch")
     with pytest.raises(OutOfMemory, match="batch size 8"), out_of_memory_hint("training", 8, 64, "cpu"):
         raise MemoryError()
+
+
+OPENCV_FAILURE = ("OpenCV(5.1.0) /io/opencv/modules/core/src/alloc.cpp:73: error: (-4:Insufficient memory) "
+                  "Failed to allocate 4800000000 bytes in function 'OutOfMemoryError'\n")  # under ulimit -v
+
+
+def numpy_failure(*args, **kwargs):
+    np.empty(1 << 60, np.uint8)  # NumPy's own _ArrayMemoryError, a MemoryError
+
+
+def test_opencv_and_numpy_out_of_memory_are_recognised_and_other_opencv_errors_pass():
+    with pytest.raises(OutOfMemory, match="batch size 8"), out_of_memory_hint("training", 8, 64, "cpu"):
+        raise cv2.error(OPENCV_FAILURE)
+    with pytest.raises(cv2.error, match="Bad argument"), out_of_memory_hint("training", 8, 64, "cpu"):
+        raise cv2.error("OpenCV(5.1.0) resize.cpp:4208: error: (-5:Bad argument) in function 'resize'")
+    with pytest.raises(OutOfMemory, match=r"out of memory in val.py \(Unable to allocate .*\): try a smaller"):
+        with out_of_memory_anywhere("val.py", VAL_ADVICE):
+            numpy_failure()
+
+
+@pytest.mark.slow
+def test_opencv_out_of_memory_while_loading_a_training_image_is_one_line(tmp_path, tiny_cfg, shapes_data, capsys,
+                                                                          monkeypatch):
+    def read_image(*args, **kwargs):
+        raise cv2.error(OPENCV_FAILURE)
+
+    monkeypatch.setattr(image_cache, "read_image", read_image)
+    monkeypatch.setattr(sys, "argv", ["train.py", "--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64",
+                                      "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--workers", "0",
+                                      "--project", str(tmp_path), "--noplots"])
+    line = _one_line_exit_1(capsys, lambda argv: train.cli(), None)
+    assert "out of memory in training (batch size 8, image size 64, device cpu): try a smaller --batch-size" in line
+
+
+def test_numpy_out_of_memory_in_the_data_scan_is_one_line(tiny_weights, shapes_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(label_cache, "_cached_scan", numpy_failure)
+    line = _one_line_exit_1(capsys, val.cli, ["--weights", str(tiny_weights), "--data", str(shapes_data),
+                                              "--imgsz", "64", "--device", "cpu", "--project", str(tmp_path)])
+    assert line.startswith("ERROR: out of memory in val.py (Unable to allocate") and "--batch-size" in line

@@ -96,6 +96,8 @@ def test_train_refuses_a_folder_another_training_writes_and_the_lock_dies_with_i
             if line.startswith("Starting training"):
                 break
         assert live.poll() is None and holder_pid(run) == live.pid
+        # Paused, it holds its lock as it did running, and leaves the CPU to the two refused runs below.
+        live.send_signal(signal.SIGSTOP)
         start_files = ("hyp.yaml", "opt.yaml", "environment.yaml")  # what a second run would write first
         written = {name: (run / name).read_bytes() for name in start_files}
         second = ["--cfg", str(tiny_cfg), "--data", str(shapes_data), "--imgsz", "64", "--epochs", "1",

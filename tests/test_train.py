@@ -1,5 +1,6 @@
 """train.py end to end on a tiny model and a tiny generated data set (CPU, 64 px)."""
 
+import json
 import os
 import re
 import signal
@@ -49,14 +50,22 @@ def test_checkpoints_are_plain_data_and_stripped(finished_run):
 
 
 @pytest.mark.slow
-def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, shapes_data, tmp_path):
-    """Resuming the epoch-0 checkpoint in a copy of the run ends with the same EMA checksum."""
+def test_resume_from_epoch_checkpoint_matches_uninterrupted_run(finished_run, shapes_data, tmp_path, log_lines):
+    """Resuming the epoch-0 checkpoint in a copy of the run ends with the same EMA checksum. Its determinism.json
+    says the first part ran under another thread count: the resume warns once, naming both counts."""
     copy = tmp_path / "copy"
     (copy / "weights").mkdir(parents=True)
     for f in ("hyp.yaml", "opt.yaml", "results.csv"):
         (copy / f).write_bytes((finished_run / f).read_bytes())
+    record = json.loads((finished_run / "determinism.json").read_text())
+    threads = torch.get_num_threads()
+    (copy / "determinism.json").write_text(json.dumps({**record, "threads": threads + 1}))
     (copy / "weights" / "last.pt").write_bytes((finished_run / "weights" / "epoch0.pt").read_bytes())
     train.run(resume=str(copy / "weights" / "last.pt"))
+    warnings = [line for line in log_lines if "--resume on another machine setup" in line]
+    assert len(warnings) == 1 and f"thread count {threads + 1} -> {threads}." in warnings[0]
+    record = json.loads((copy / "determinism.json").read_text())
+    assert record["machine_changes"] == [{"resumed_at": [1, 0], "changes": {"thread count": [threads + 1, threads]}}]
     expected = (finished_run / "weights" / "sha256.txt").read_text().split()[0]
     assert (copy / "weights" / "sha256.txt").read_text().split()[0] == expected
     assert [r["epoch"] for r in results_rows(copy)] == ["0", "1"]
@@ -266,3 +275,22 @@ def test_evolve_runs_generations_and_writes_results(shapes_data, tiny_cfg, tmp_p
               device="cpu", evolve=1, project=str(tmp_path), name="evo", exist_ok=True)
     assert len((evolve_dir / "evolve.csv").read_text().strip().splitlines()) == 4  # continued, not restarted
     assert sorted(p.name for p in evolve_dir.glob("gen*")) == ["gen0", "gen1", "gen2"]
+
+
+@pytest.mark.slow
+def test_every_loader_of_a_run_honours_workers(tmp_path, tiny_cfg, shapes_data, monkeypatch):
+    """The validation loader and the final validation too: a --workers 1 run asks no loader for more than 1
+    (each loader then runs in the main process, to keep the test fast)."""
+    import val
+    from utils import dataloaders
+
+    asked = []
+
+    def create_dataloader(*args, workers=8, **kwargs):
+        asked.append(workers)
+        return dataloaders.create_dataloader(*args, workers=0, **kwargs)
+
+    monkeypatch.setattr(train, "create_dataloader", create_dataloader)
+    monkeypatch.setattr(val, "create_dataloader", create_dataloader)
+    train_run(tmp_path, shapes_data, tiny_cfg, epochs=1, workers=1, noplots=True)
+    assert asked == [1, 1, 1]  # training, validation each epoch, final validation

@@ -205,10 +205,11 @@ def one_process(data, tmp_path_factory) -> Path:
     return project / "w1"
 
 
+# Four processes: the stopped run below trains epoch 0 (its short last step included, two ranks idle) and the
+# start of epoch 1 on 4 ranks and must still end with one process's bits, so a whole 4-process run adds nothing.
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_the_same_run_on_two_and_four_processes_gives_one_process_s_bits(nproc, data, one_process, tmp_path):
-    proc = torchrun(nproc, *train_args(data, tmp_path, "many", "--save-interval", "0"))
+def test_the_same_run_on_two_processes_gives_one_process_s_bits(data, one_process, tmp_path):
+    proc = torchrun(2, *train_args(data, tmp_path, "many", "--save-interval", "0"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert_identical(tmp_path / "many", one_process)
 

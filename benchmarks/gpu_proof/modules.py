@@ -1,6 +1,7 @@
 """Model blocks the GPU proof trains: FFCA's SCAM as published (on ``nn.AdaptiveMaxPool2d``) and a CPU stand-in.
 
-Importing this module registers both blocks with the YAML parser, so a ``train.py`` subprocess
+Importing this module registers both blocks (and the user block zoo of tests/support/user_block_zoo.py,
+which the twin rows train) with the YAML parser, so a ``train.py`` subprocess
 that imports it first (``python -c "import benchmarks.gpu_proof.modules, train; train.cli()" ARGS``, started
 in the repository root) can train a model YAML that names them.
 
@@ -20,6 +21,7 @@ import torch.nn as nn
 
 from models.ffca import SCAM
 from models.yolo import register_module
+from tests.support import user_block_zoo  # noqa: F401  (registers the zoo's blocks)
 from utils.files import yaml_load, yaml_save
 
 

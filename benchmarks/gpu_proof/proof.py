@@ -21,7 +21,11 @@ Sections (each row PASS, FAIL, ERROR, INCOMPLETE, SKIP or INFO; the table is pri
    needs ``put_``): the audit names it, ``train.py`` strict stops before the first batch with the
    project's message, a raw strict loop raises PyTorch's own error, ``scoped`` trains, and
    ``--batch-size -1 --deterministic scoped`` trains.
-5. timing: time per training step and images/s of each mode (off, warn, scoped, strict);
+5. twins: per deterministic twin, its backward bit-identical over reruns under strict, its agreement
+   with the native op, and what the native op does on CUDA (raises or varies; not applicable on a CPU);
+   then a model of nine user blocks (tests/support/user_block_zoo.py) trained under strict twice, with
+   the twins named in determinism.json and the same checksum (benchmarks/gpu_proof/twin_rows.py).
+6. timing: time per training step and images/s of each mode (off, warn, scoped, strict);
    information rows with their own budget after the claims'.
 
 Exit code: 0 every claim row passed (or does not apply here); 1 a claim row FAILs (the claim is
@@ -58,6 +62,7 @@ import torch  # noqa: E402
 
 from benchmarks.gpu_proof import modules as proof_modules  # noqa: E402  (registers the SCAM variants here too)
 from benchmarks.gpu_proof import preflight  # noqa: E402
+from benchmarks.gpu_proof import twin_rows  # noqa: E402
 from benchmarks.gpu_proof.device import LiveDevice, ReplayDevice  # noqa: E402
 from benchmarks.gpu_proof.ops import (CASES, TORCH_ALERT, battery_case, control_off, control_strict,  # noqa: E402
                                       run_audit)
@@ -367,6 +372,7 @@ def prove(proof: Proof, plan: Plan, layer: LiveDevice, work: Path, sizes: tuple)
     loader workers each), from :func:`preflight.sizes`."""
     jobs, workers = sizes
     ops_section(proof, layer)
+    twin_rows.twin_section(proof, layer.run_device, quick=layer.run_device.type != "cuda")
     data_yaml = make_data(work, plan)
     child_device = layer.child_device()
     threads = None if layer.run_device.type == "cuda" else max(1, (os.cpu_count() or 1) // jobs)
@@ -380,9 +386,11 @@ def prove(proof: Proof, plan: Plan, layer: LiveDevice, work: Path, sizes: tuple)
     with ThreadPoolExecutor(jobs) as pool:
         reruns = start_reruns(pool, layer, runs, plan.rerun_models, deadline)
         scam = start_scam_runs(pool, layer, scam_runs, scam_cfg, deadline)
+        _, zoo = twin_rows.start_zoo_runs(pool, layer, scam_runs, work, deadline)
         scam_section(proof, layer, scam, scam_cfg, block, plan.imgsz)
         for cfg, futures in reruns.items():
             rerun_rows(proof, cfg, futures, layer.device.type == "cuda")
+        twin_rows.zoo_rows(proof, zoo)
     timing_section(proof, plan, layer, data_yaml)
 
 

@@ -11,7 +11,6 @@ import io
 import math
 import os
 from dataclasses import dataclass, field
-from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +19,12 @@ from tqdm import tqdm
 
 from utils.errors import UserError
 from utils.files import atomic_write_bytes
-from utils.dataset.image_io import IMG_FORMATS, NUM_THREADS, collect_image_files, img2label_paths
+from utils.dataset.image_io import IMG_FORMATS, collect_image_files, img2label_paths, map_in_threads
 from utils.logging import LOGGER
 
 LABEL_TOLERANCE = 0.01  # coordinates in (1, 1 + tolerance] are clipped to 1; beyond that the file is skipped
 MIN_IMAGE_SIDE = 10  # pixels; smaller images are treated as corrupt, as in YOLOv5
-CACHE_VERSION = "ffca-labels-2"  # part of cache_hash: changing it changes the hash recorded in determinism.json
+CACHE_VERSION = "ffca-labels-3"  # part of cache_hash: changing it changes the hash recorded in determinism.json
 # What a cached scan's verdicts assume, checked on load and not part of cache_hash: a cache made under other
 # rules is rescanned, while the hash of the same files stays what determinism.json recorded.
 SCAN_RULES = "polygon-rows-as-boxes"
@@ -180,15 +179,22 @@ def _drop_zero_size(labels, lines, lb_file):
 
 # ---------------------------------------------------------------- label cache (no pickle, atomic)
 
-def label_cache_key(im_files, label_files) -> str:
-    """SHA-256 over paths, sizes and modification times of every image and label, plus the scan rules."""
+def file_identity(path) -> str:
+    """``path|size|SHA-256 of its bytes``, or ``path|missing``: what a file contributes to ``cache_hash``. Its
+    content, not its timestamps, which ``cp -p``, ``tar`` and ``rsync -a`` keep when they replace a file."""
+    try:
+        with open(path, "rb") as f:
+            size, digest = os.fstat(f.fileno()).st_size, hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return f"{path}|missing\n"
+    return f"{path}|{size}|{digest}\n"
+
+
+def label_cache_key(im_files, label_files, prefix="") -> str:
+    """SHA-256 over the path, size and SHA-256 of the bytes of every image and label, plus the scan rules."""
     h = hashlib.sha256(f"{CACHE_VERSION}|{LABEL_TOLERANCE}|{MIN_IMAGE_SIDE}".encode())
-    for p in (*im_files, *label_files):
-        try:
-            st = os.stat(p)
-            h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{p}|missing\n".encode())
+    for identity in map_in_threads(file_identity, [*im_files, *label_files], f"{prefix}Hashing the files"):
+        h.update(identity.encode())
     return h.hexdigest()
 
 
@@ -246,12 +252,11 @@ def _scan(im_files, label_files, prefix):
     counts = dict(found=0, missing=0, empty=0, corrupt=0, duplicate=0)
     results = []
     desc = f"{prefix}Scanning {Path(label_files[0]).parent}"
-    with ThreadPool(NUM_THREADS) as pool:
-        jobs = pool.imap(lambda a: verify_image_label(*a), zip(im_files, label_files))
-        for r in tqdm(jobs, desc=desc, total=len(im_files), bar_format="{l_bar}{bar:10}{r_bar}", leave=False):
-            counts[r.status] += 1
-            counts["duplicate"] += int(r.duplicate)
-            results.append(r)
+    jobs = map_in_threads(lambda a: verify_image_label(*a), zip(im_files, label_files), desc)
+    for r in tqdm(jobs, desc=desc, total=len(im_files), bar_format="{l_bar}{bar:10}{r_bar}", leave=False):
+        counts[r.status] += 1
+        counts["duplicate"] += int(r.duplicate)
+        results.append(r)
     return results, counts
 
 
@@ -272,7 +277,7 @@ def _cached_scan(im_files, label_files, prefix):
     """The scan of every pair: from ``<labels folder>.cache`` when its key is current, else scanned and
     cached -> ``(cache arrays, cache path)``."""
     cache_path = Path(label_files[0]).parent.with_suffix(".cache")
-    key = label_cache_key(im_files, label_files)
+    key = label_cache_key(im_files, label_files, prefix)
     cache = load_label_cache(cache_path, key)
     if cache is None:
         if cache_path.exists():

@@ -1,10 +1,14 @@
-"""Where two training runs diverged: ``python -m utils.determinism.compare RUN_A RUN_B``.
+"""Whether two training runs gave the same result, and if not, why: ``python -m utils.determinism.compare A B``.
 
-Prints, in order of cause: differing options and hyperparameters, differing environment fields
-(versions, devices, threads, world size, determinism mode and audit), whether the training data
-differs (``data_fingerprint``), the first epoch whose results.csv row differs, and the final
-checksums. Exit code 0: identical, 1: they differ, 2: a run folder cannot be read or its
-determinism.json is not a record train.py writes (one line naming the file).
+It judges results, not settings. The results are each run's results.csv and the final EMA checksum:
+the same give "identical" and exit code 0, and every setting that differs is listed as a change that did not
+alter the result (e.g. ``--workers``, documented not to change the weights). Runs whose results differ exit
+with 1 and get every difference, causes in this order, the first one named in the verdict: the machine
+(thread count, CPU capability, torch, CUDA, cuDNN, device, also a resume on another setup midway), the options,
+the hyperparameters, the rest of the environment (Python and torchvision versions, world size, workers,
+determinism mode and audit, seed...) and the training data (``data_fingerprint``). Exit code 2: a run folder
+cannot be read, its determinism.json is not a record train.py writes, or neither run has a result yet (one
+line naming the file or folder).
 """
 
 import argparse
@@ -13,17 +17,24 @@ import json
 import sys
 from pathlib import Path
 
+from utils.determinism.machine import MACHINE_FACTS, machine_changes, recorded_changes
 from utils.errors import UserError, exit_on_user_error
 from utils.files import yaml_load
 
 # Options that name the run folder, not what is computed.
 RUN_NAMING_OPTIONS = {"name", "project", "save_dir", "exist_ok", "resume"}
-ENVIRONMENT_FIELDS = ("versions", "devices", "threads", "world_size", "workers", "mode", "audit", "twins",
-                      "relaxed_backward", "policy_state", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "seed")
+# Settings that change no result (loader workers, when last.pt is written mid-epoch, trackers): listed when they
+# differ, never named as the cause of a difference.
+NEUTRAL_SETTINGS = {"workers", "save_interval", "logger"}
+# determinism.json's fields besides the machine's (utils/determinism/machine.py) and the data's
+ENVIRONMENT_FIELDS = ("versions", "world_size", "workers", "mode", "audit", "twins", "relaxed_backward",
+                      "policy_state", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "seed")
+MACHINE_VERSIONS = {key.split(".", 1)[1] for key, _ in MACHINE_FACTS if key.startswith("versions.")}
 # What every determinism.json train.py writes holds, and the types compare relies on.
 RECORD_FIELDS = {"mode": (str,), "world_size": (int,), "threads": (int,), "versions": (dict,),
                  "data_fingerprint": (str, type(None))}
-OPTIONAL_FIELDS = {"final_ema_sha256": (str, type(None)), "policy_state": (dict, type(None))}
+OPTIONAL_FIELDS = {"final_ema_sha256": (str, type(None)), "policy_state": (dict, type(None)),
+                   "cpu_capability": (str, type(None)), "machine_changes": (list, type(None))}
 # Older determinism.json files repeat these inside policy_state; their top-level copies are what is compared.
 REPEATED_IN_POLICY_STATE = ("audit", "nondeterministic_ops")
 
@@ -41,6 +52,17 @@ def check_record(report, path: Path) -> None:
         if key in report and (not isinstance(report[key], kinds) or isinstance(report[key], bool)):
             raise UserError(f"{path}: '{key}' is a {type(report[key]).__name__}, expected "
                             f"{' or '.join(kind.__name__ for kind in kinds)}")
+    for change in report.get("machine_changes") or []:
+        if not (isinstance(change, dict) and _is_position(change.get("resumed_at"))
+                and isinstance(change.get("changes"), dict)
+                and all(isinstance(pair, list) and len(pair) == 2 for pair in change["changes"].values())):
+            raise UserError(f"{path}: 'machine_changes' holds {json.dumps(change)[:80]}, not a change train.py "
+                            "records (resumed_at [epoch, batch] and changes {fact: [before, after]})")
+
+
+def _is_position(value) -> bool:
+    return (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
 
 
 def _read_run(run_dir: Path) -> dict:
@@ -96,42 +118,82 @@ def _differences(a: dict, b: dict, keys, prefix: str = "") -> list:
         if isinstance(va, dict) and isinstance(vb, dict):
             lines += _differences(va, vb, sorted(set(va) | set(vb)), f"{prefix}{key}.")
         elif va != vb:
-            lines.append(f"  {prefix}{key}: {va!r} -> {vb!r}")
+            lines.append(f"{prefix}{key}: {va!r} -> {vb!r}")
     return lines
 
 
-def compare_runs(run_a, run_b) -> tuple:
-    """(report lines, identical) for two run folders, causes first."""
-    a, b = _read_run(Path(run_a)), _read_run(Path(run_b))
-    sections = []
+def _machine(a: dict, b: dict) -> list:
+    """The machine setups' differences, then each run's resumes on another setup."""
+    lines = [f"{words}: {old!r} -> {new!r}" for words, old, new in machine_changes(a, b)]
+    for run, report in (("A", a), ("B", b)):
+        lines += [f"{run} {change}" for change in recorded_changes(report)]
+    return lines
+
+
+def _environment(report: dict) -> dict:
+    """The environment fields, without the versions that are the machine's."""
+    versions = {k: v for k, v in report.get("versions", {}).items() if k not in MACHINE_VERSIONS}
+    return {**{key: report.get(key) for key in ENVIRONMENT_FIELDS}, "versions": versions}
+
+
+def _causes(a: dict, b: dict) -> list:
+    """``[(title, difference lines)]`` in the order a cause is looked for."""
     options = sorted((set(a["opt"]) | set(b["opt"])) - RUN_NAMING_OPTIONS)
-    sections.append(("options", _differences(a["opt"], b["opt"], options)))
-    sections.append(("hyperparameters", _differences(a["hyp"], b["hyp"], sorted(set(a["hyp"]) | set(b["hyp"])))))
-    sections.append(("environment", _differences(a["report"], b["report"], ENVIRONMENT_FIELDS)))
     fa, fb = a["report"].get("data_fingerprint"), b["report"].get("data_fingerprint")
-    sections.append(("data", [] if fa == fb else [f"  data_fingerprint: {fa} -> {fb} (image list or label files differ)"]))
-    lines, identical = [f"A: {run_a}", f"B: {run_b}"], True
-    for title, found in sections:
-        identical &= not found
-        lines.append(f"{title}: {'same' if not found else 'DIFFER'}")
-        lines += found
-    header, rows_a, rows_b = a["rows"][:1], a["rows"][1:], b["rows"][1:]
-    first = next((i for i, (ra, rb) in enumerate(zip(rows_a, rows_b)) if ra != rb), None)
-    if first is not None:
-        epoch = rows_a[first][0] if rows_a[first] else first
-        lines.append(f"results.csv: first differing row is epoch {epoch}")
-        lines += [f"  A: {','.join(rows_a[first])}", f"  B: {','.join(rows_b[first])}"]
-    elif len(rows_a) != len(rows_b):
-        lines.append(f"results.csv: same first {min(len(rows_a), len(rows_b))} epochs; "
-                     f"A has {len(rows_a)}, B has {len(rows_b)}")
-    else:
-        lines.append(f"results.csv: same ({len(rows_a)} epochs{'' if header else ', no file'})")
-    identical &= first is None and len(rows_a) == len(rows_b)
+    return [("machine", _machine(a["report"], b["report"])),
+            ("options", _differences(a["opt"], b["opt"], options)),
+            ("hyperparameters", _differences(a["hyp"], b["hyp"], sorted(set(a["hyp"]) | set(b["hyp"])))),
+            ("environment", _differences(_environment(a["report"]), _environment(b["report"]), ENVIRONMENT_FIELDS)),
+            ("data", [] if fa == fb else [f"data_fingerprint: {fa} -> {fb} (image list or label files differ)"])]
+
+
+def _results(a: dict, b: dict, run_a, run_b) -> tuple:
+    """(lines on results.csv and the final checksums, whether both are the same)."""
+    rows_a, rows_b = a["rows"], b["rows"]
     ca, cb = a["report"].get("final_ema_sha256"), b["report"].get("final_ema_sha256")
-    identical &= ca == cb
-    lines.append(f"final checksums: {'same' if ca == cb else 'DIFFER'}: A {ca}, B {cb}")
-    lines.append("verdict: identical" if identical else "verdict: the runs differ; the first DIFFER above is the likely cause")
-    return lines, identical
+    if not rows_a and not rows_b and ca is None and cb is None:
+        raise UserError(f"{run_a}, {run_b}: neither run has a result yet (no results.csv row, no final checksum); "
+                        "compare judges results: compare them once an epoch has ended")
+    first = next((i for i, (ra, rb) in enumerate(zip(rows_a[1:], rows_b[1:])) if ra != rb), None)
+    if bool(rows_a) != bool(rows_b):
+        lines = [f"results.csv: DIFFER: only {'A' if rows_a else 'B'} has one"]
+    elif rows_a[:1] != rows_b[:1]:
+        lines = ["results.csv: DIFFER: the columns differ"]
+    elif first is not None:
+        epoch = rows_a[first + 1][0] if rows_a[first + 1] else first
+        lines = [f"results.csv: DIFFER from epoch {epoch}", f"  A: {','.join(rows_a[first + 1])}",
+                 f"  B: {','.join(rows_b[first + 1])}"]
+    elif len(rows_a) != len(rows_b):
+        lines = [f"results.csv: DIFFER: the same first {min(len(rows_a), len(rows_b)) - 1} epochs; "
+                 f"A has {max(len(rows_a) - 1, 0)}, B has {max(len(rows_b) - 1, 0)}"]
+    else:
+        lines = [f"results.csv: same ({max(len(rows_a) - 1, 0)} epochs{'' if rows_a else ', no file'})"]
+    same = not lines[0].startswith("results.csv: DIFFER") and ca == cb
+    lines.append(f"final checksums: same: {ca}" if ca == cb else f"final checksums: DIFFER: A {ca}, B {cb}")
+    return lines, same
+
+
+def compare_runs(run_a, run_b) -> tuple:
+    """(report lines, identical) for two run folders: the results, then the settings that differ."""
+    a, b = _read_run(Path(run_a)), _read_run(Path(run_b))
+    result_lines, identical = _results(a, b, run_a, run_b)
+    causes = _causes(a, b)
+    lines = [f"A: {run_a}", f"B: {run_b}", *result_lines]
+    if identical:
+        unchanged = [f"  {line} ({title})" for title, found in causes for line in found]
+        if unchanged:
+            lines += ["changes that did not alter the result:", *unchanged]
+        return [*lines, "verdict: identical"], True
+    for title, found in causes:
+        lines += [f"{title}: {'DIFFER' if found else 'same'}", *(f"  {line}" for line in found)]
+    cause = next((f"{title}: {line}" for title, found in causes for line in found
+                  if line.split(":", 1)[0] not in NEUTRAL_SETTINGS), None)
+    if cause is None:
+        lines.append("verdict: the runs differ, and nothing that changes a result differs (machine, options, "
+                     "hyperparameters, environment, data); see 'Honest limits' in docs/determinism.md")
+    else:
+        lines.append(f"verdict: the runs differ; first cause found: {cause}")
+    return lines, False
 
 
 @exit_on_user_error

@@ -83,6 +83,7 @@ def determinism_report(*, policy, audit, opt, dist, dataset, device, audit_path=
         "world_size": dist.world_size,
         "workers": opt.workers,
         "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector width of torch's CPU kernels
         "label_cache_hash": getattr(dataset, "cache_hash", None),
         "data_fingerprint": data_fingerprint(dataset.im_files, dataset.label_files),
     }

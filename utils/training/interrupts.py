@@ -19,18 +19,14 @@ fd counts every signal, and can act while the main thread is still inside the op
 """
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import socket
-import sys
 import threading
 
 from utils.files import abandon_pending_writes
 from utils.logging import LOGGER
-
-# SIGUSR1 is missing on Windows
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+from utils.stop_signals import STOP_SIGNALS, end_worker_processes, flush_output
 _WATCHING = set()  # GracefulInterrupt instances whose watchdog thread is running in this process
 _BEFORE_EXIT = []  # callables exit_after_interrupt runs before the process ends (a tracker marks its run KILLED)
 
@@ -49,16 +45,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def flush_output() -> None:
-    """Flush the logger's handlers and the std streams (before ``os._exit``, which skips this)."""
-    for handler in LOGGER.handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
 
 
 class GracefulInterrupt:
@@ -217,24 +203,6 @@ def leave_stop_signals_to_the_main_process() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-def _end_worker_processes() -> None:
-    """End this process's daemonic children (data-loader workers) before ``os._exit``.
-
-    A normal interpreter exit terminates them with SIGTERM; ``os._exit`` skips that, and they ignore SIGTERM
-    anyway. torch's SIGCHLD handler would report their end as a failed worker, so it is reset first; that is
-    possible on the main thread only, elsewhere the workers are left to notice their parent is gone.
-    """
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    except (AttributeError, ValueError):  # no SIGCHLD (Windows), or not the main thread
-        return
-    workers = [child for child in multiprocessing.active_children() if child.daemon]
-    for worker in workers:
-        worker.kill()
-    for worker in workers:
-        worker.join(timeout=5)
-
-
 def run_before_interrupt_exit(callback) -> None:
     """Have :func:`exit_after_interrupt` call ``callback()`` before it ends the process (which skips ``finally``)."""
     _BEFORE_EXIT.append(callback)
@@ -262,6 +230,6 @@ def exit_after_interrupt(exit_code: int, saved: str, resume_command: str | None,
             callback()
     # Everything is saved and reported. Python restores the default handlers while it shuts down (slowly,
     # with torch loaded), so a late second signal would kill the process with -15 after the report: end now.
-    _end_worker_processes()
+    end_worker_processes()
     flush_output()
     os._exit(exit_code or 1)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from utils.ddp import DistInfo, process_group_timeout
 from utils.logging import LOGGER
-from utils.training.interrupts import flush_output
+from utils.stop_signals import flush_output
 
 # (text in the error, what the line calls it), the first match wins. gloo's TCP transport says the first three
 # when the process at the other end of a connection is gone; NCCL (through torch's ProcessGroupNCCL) the rest.

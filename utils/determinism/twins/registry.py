@@ -12,11 +12,15 @@ for ``nn.Upsample``), ``torch._C._nn`` builtins called directly, and torchvision
 ``OpOverloadPacket`` (``torch.ops.torchvision.roi_align``: ``torchvision.ops.roi_align`` and
 ``RoIAlign`` call it, with the operator's own arguments; the Python wrappers themselves are not
 seen). Inside a route the mode is off, so a twin's own ops and a native fallback are not routed.
+A Python function the mode cannot see and that computes an op without calling it (torchvision's
+``roi_align`` on CUDA under determinism) is a twin's ``patches`` entry: while the router is active
+that module attribute is the twin's adapter, and it is put back on exit.
 
 Adding a twin is one entry of :data:`TWINS`: ``Twin(name, resolves, same_signature(twin, *natives))``
 for a twin with the native function's signature, or the routes of ``torchvision_routes.py``.
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +31,8 @@ from utils.determinism.twins.interpolation import interpolate, sizes_and_scales,
 from utils.determinism.twins.pooling import (adaptive_avg_pool2d, adaptive_avg_pool3d, adaptive_max_pool2d,
                                              adaptive_max_pool3d)
 from utils.determinism.twins.sampling import grid_sample
-from utils.determinism.twins.torchvision_routes import deform_conv2d_routes, roi_align_routes, roi_pool_routes
+from utils.determinism.twins.torchvision_routes import (deform_conv2d_routes, roi_align_patches, roi_align_routes,
+                                                       roi_pool_routes)
 from utils.determinism.twins.vision_ops import deform_conv2d, roi_align, roi_pool
 
 NATIVE = object()  # an adapter's answer: let the native function compute this call
@@ -40,6 +45,7 @@ class Twin:
     name: str
     resolves: tuple  # aten op names (as audit findings name them) whose backward the twin replaces
     routes: tuple  # ((native callable, adapter(*args, **kwargs) -> result or NATIVE), ...)
+    patches: tuple = ()  # ((module name, attribute, replacement), ...): Python functions the mode cannot see
 
 
 def same_signature(twin, *natives) -> tuple:
@@ -104,6 +110,11 @@ def _avg_pool_routes(twin, dims: int) -> tuple:
     return same_signature(twin, getattr(F, name), getattr(torch._C._nn, name)) + ((F.interpolate, _area(twin, dims)),)
 
 
+def _torchvision_ops(*names: str) -> tuple:
+    """``names`` as bare operator names and as the audit names torchvision's findings: ``torchvision::<name>``."""
+    return names + tuple(f"torchvision::{name}" for name in names)
+
+
 TWINS = (
     Twin("adaptive_max_pool2d", ("adaptive_max_pool2d_backward",),
          _max_pool_routes(adaptive_max_pool2d, 2)
@@ -121,9 +132,11 @@ TWINS = (
          ((F.interpolate, _interpolate),)),
     Twin("grid_sample", ("grid_sampler_2d_backward", "cudnn_grid_sampler_backward"),
          ((F.grid_sample, _grid_sample),)),
-    Twin("deform_conv2d", ("torchvision::_deform_conv2d_backward",), deform_conv2d_routes(deform_conv2d)),
-    Twin("roi_align", ("torchvision::_roi_align_backward",), roi_align_routes(roi_align)),
-    Twin("roi_pool", ("torchvision::_roi_pool_backward",), roi_pool_routes(roi_pool)),
+    Twin("deform_conv2d", _torchvision_ops("_deform_conv2d_backward", "deform_conv2d"),
+         deform_conv2d_routes(deform_conv2d)),
+    Twin("roi_align", _torchvision_ops("_roi_align_backward", "roi_align"), roi_align_routes(roi_align),
+         roi_align_patches(roi_align)),
+    Twin("roi_pool", _torchvision_ops("_roi_pool_backward", "roi_pool"), roi_pool_routes(roi_pool)),
 )
 
 
@@ -147,6 +160,25 @@ class TwinRouter(TorchFunctionMode):
         for twin in twins:
             for native, adapter in twin.routes:
                 self.routes.setdefault(native, []).append(adapter)
+        self.patches = [patch for twin in twins for patch in twin.patches]
+        self.originals: list = []
+
+    def __enter__(self):
+        # A module nobody imported has no caller to redirect, and importing it here would load its package
+        # (torchvision) into every training process.
+        present = [(sys.modules[module_name], name, replacement) for module_name, name, replacement in self.patches
+                   if hasattr(sys.modules.get(module_name), name)]
+        self.originals = [(module, name, getattr(module, name)) for module, name, _ in present]
+        for module, name, replacement in present:
+            setattr(module, name, replacement)
+        return super().__enter__()
+
+    def __exit__(self, *exc_info):
+        try:
+            return super().__exit__(*exc_info)
+        finally:
+            for module, name, original in reversed(self.originals):
+                setattr(module, name, original)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

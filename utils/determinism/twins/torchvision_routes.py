@@ -8,6 +8,7 @@ sizes split into height and width, groups counted). Each function here returns r
 signature of a twin, or no routes when torchvision's operators are not loaded.
 """
 
+
 import torch
 
 from utils.errors import UserError
@@ -28,11 +29,26 @@ def _routes(name: str, adapter) -> tuple:
     return () if operator is None else ((operator, adapter), (operator.default, adapter))
 
 
-def roi_align_routes(twin) -> tuple:
-    """``twin(input, boxes, output_size, spatial_scale, sampling_ratio, aligned)`` for ``torchvision::roi_align``."""
+def _roi_align_adapter(twin):
+    """The operator's arguments ``(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+    aligned)`` to ``twin(input, boxes, output_size, spatial_scale, sampling_ratio, aligned)``."""
     def adapter(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
         return twin(input, rois, (pooled_height, pooled_width), spatial_scale, sampling_ratio, aligned)
-    return _routes("roi_align", adapter)
+    return adapter
+
+
+def roi_align_routes(twin) -> tuple:
+    """``twin(input, boxes, output_size, spatial_scale, sampling_ratio, aligned)`` for ``torchvision::roi_align``."""
+    return _routes("roi_align", _roi_align_adapter(twin))
+
+
+def roi_align_patches(twin) -> tuple:
+    """``(("torchvision.ops.roi_align", "_roi_align", adapter),)``: on CUDA (and MPS, XPU) under
+    ``use_deterministic_algorithms(True)``, ``torchvision.ops.roi_align`` and ``RoIAlign`` do not call the
+    operator: they run the module function ``_roi_align`` (torchvision's pure-PyTorch version, compiled with
+    ``torch.compile`` on its first call), with the operator's arguments. A TorchFunctionMode does not see a
+    Python function, so while routing that module attribute is the twin (when the module is imported)."""
+    return (("torchvision.ops.roi_align", "_roi_align", _roi_align_adapter(twin)),)
 
 
 def roi_pool_routes(twin) -> tuple:
