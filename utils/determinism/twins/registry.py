@@ -110,11 +110,6 @@ def _avg_pool_routes(twin, dims: int) -> tuple:
     return same_signature(twin, getattr(F, name), getattr(torch._C._nn, name)) + ((F.interpolate, _area(twin, dims)),)
 
 
-def _torchvision_ops(*names: str) -> tuple:
-    """``names`` as bare operator names and as the audit names torchvision's findings: ``torchvision::<name>``."""
-    return names + tuple(f"torchvision::{name}" for name in names)
-
-
 TWINS = (
     Twin("adaptive_max_pool2d", ("adaptive_max_pool2d_backward",),
          _max_pool_routes(adaptive_max_pool2d, 2)
@@ -132,11 +127,11 @@ TWINS = (
          ((F.interpolate, _interpolate),)),
     Twin("grid_sample", ("grid_sampler_2d_backward", "cudnn_grid_sampler_backward"),
          ((F.grid_sample, _grid_sample),)),
-    Twin("deform_conv2d", _torchvision_ops("_deform_conv2d_backward", "deform_conv2d"),
+    Twin("deform_conv2d", ("torchvision::_deform_conv2d_backward",),
          deform_conv2d_routes(deform_conv2d)),
-    Twin("roi_align", _torchvision_ops("_roi_align_backward", "roi_align"), roi_align_routes(roi_align),
+    Twin("roi_align", ("torchvision::_roi_align_backward",), roi_align_routes(roi_align),
          roi_align_patches(roi_align)),
-    Twin("roi_pool", _torchvision_ops("_roi_pool_backward", "roi_pool"), roi_pool_routes(roi_pool)),
+    Twin("roi_pool", ("torchvision::_roi_pool_backward",), roi_pool_routes(roi_pool)),
 )
 
 
