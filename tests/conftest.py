@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402  (needs ROOT on sys.path)
+from tests.support.global_state import kept_determinism_switches  # noqa: E402  (needs ROOT on sys.path)
+from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402
 
 TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
 
@@ -94,14 +95,8 @@ def base_model():
 def restore_global_determinism():
     """Each test starts and ends with PyTorch's global determinism switches as they were, the NaN fill of new
     tensors included."""
-    state = (torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-             torch.utils.deterministic.fill_uninitialized_memory)
-    yield
-    torch.use_deterministic_algorithms(state[0], warn_only=state[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = state[2], state[3]
-    torch.utils.deterministic.fill_uninitialized_memory = state[4]
+    with kept_determinism_switches():
+        yield
 
 
 @pytest.fixture

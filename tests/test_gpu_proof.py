@@ -1,16 +1,25 @@
 """benchmarks/gpu_proof/proof.py: its CPU run passes in full, and its parts report what they see.
 
-The slow test runs the whole proof on the CPU (``--device cpu --quick``), which takes the CPU
-branches; tests/test_gpu_proof_replay.py replays the CUDA ones. The fast tests pin the parts: a
-check that raises becomes an ERROR row (exit 3) without stopping the others, a mismatch between
-audit and device is a FAIL, a spent budget skips, and bad arguments exit 2 with one line.
+The slow tests run the whole proof on the CPU (``--device cpu --quick``), which takes the CPU
+branches, then replay the same plan against a CUDA table with one fault of each kind added, which
+takes the CUDA ones. Both proofs train the same runs on the same CPU, so the replay is handed the CPU
+proof's runs (tests/support/shared_proof_runs.py checks it asks for each with the same flags) and
+starts only the run its table kills at the deadline. tests/test_gpu_proof_replay.py replays every
+table's ops and control rows. The fast tests pin the parts: a check that raises becomes an ERROR row
+(exit 3) without stopping the others, a mismatch between audit and device is a FAIL, a spent budget
+skips, and bad arguments exit 2 with one line.
 """
 
+import contextlib
+import io
 import json
 import logging
+import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +28,9 @@ from benchmarks.gpu_proof import ops as proof_ops
 from benchmarks.gpu_proof import twin_rows
 from benchmarks.gpu_proof.device import LiveDevice
 from benchmarks.gpu_proof.report import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, STATUSES, Proof, row_kind, verdict
+from tests.support.global_state import kept_process_state
+from tests.support.replay_tables import FAULTS, recorded, with_faults
+from tests.support.shared_proof_runs import SharedRuns
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,11 +43,32 @@ def run_proof(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def proof_in_this_process(*args: str) -> tuple:
+    """``python -m benchmarks.gpu_proof.proof ARGS`` run here: (exit code, what it printed)."""
+    from benchmarks.gpu_proof import proof as gpu_proof
+
+    printed = io.StringIO()
+    with kept_process_state(), contextlib.redirect_stdout(printed):
+        code = gpu_proof.main(list(args))
+    return code, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cpu_proof(tmp_path_factory):
+    """The quick CPU proof, run once; its training runs are kept for the replay of the same plan."""
+    folder = tmp_path_factory.mktemp("cpu_proof")
+    runs = SharedRuns()
+    with pytest.MonkeyPatch.context() as patch:
+        runs.record(patch)
+        code, printed = proof_in_this_process("--device", "cpu", "--quick", "--out", str(folder / "proof.json"),
+                                              "--workdir", str(folder / "work"))
+    return SimpleNamespace(code=code, printed=printed, out=folder / "proof.json", runs=runs)
+
+
 @pytest.mark.slow
-def test_quick_cpu_proof_passes_and_records_every_section(tmp_path):
-    out = tmp_path / "proof.json"
-    proc = run_proof("--device", "cpu", "--quick", "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+def test_quick_cpu_proof_passes_and_records_every_section(cpu_proof):
+    out, printed = cpu_proof.out, cpu_proof.printed
+    assert cpu_proof.code == 0, printed[-4000:]
     record = json.loads(out.read_text())
     rows = record["rows"]
     assert record["complete"] is True and record["quick"] is True and record["device"] == "cpu"
@@ -54,6 +87,9 @@ def test_quick_cpu_proof_passes_and_records_every_section(tmp_path):
         assert all(row["status"] == "PASS" for row in rows if row["section"] == section and row not in cuda_only)
     killed = by_name["tiny: SIGKILL mid-accumulation + --resume bit-identical"]
     assert "SIGKILL at epoch 0 batch 2 with 2 batch(es) of gradient pending" in killed["detail"]
+    runs = Path(record["workdir"]) / "runs"  # the kill came from the run's own progress, before it could finish:
+    assert "Final EMA weights" not in (runs / "tiny-killed.log").read_text()
+    assert "Final EMA weights" in (runs / "tiny-killed-resume.log").read_text()
     twins = [row for row in rows if row["section"] == "twins"]
     assert len(twins) == 3 * len(twin_rows.TWIN_CASES) + 2
     assert all(row["status"] == ("SKIP" if row["name"].endswith("native on CUDA") else "PASS") for row in twins)
@@ -62,23 +98,64 @@ def test_quick_cpu_proof_passes_and_records_every_section(tmp_path):
     timing = [row for row in rows if row["section"] == "timing"]
     assert [row["name"].rsplit(" ", 1)[1] for row in timing] == ["off", "warn", "scoped", "strict"]
     assert all(row["status"] == "INFO" and row["data"]["seconds"] > 0 for row in timing)
-    assert "FAIL in" not in proc.stdout and f"Record: {out.resolve()}" in proc.stdout
+    assert "FAIL in" not in printed and f"Record: {out.resolve()}" in printed
 
 
 @pytest.mark.slow
+def test_the_replay_of_the_same_plan_produces_every_row_kind_in_every_section(cpu_proof, tmp_path, monkeypatch):
+    table = tmp_path / "faulted.json"
+    table.write_text(json.dumps(with_faults(recorded())))
+    out = tmp_path / "proof.json"
+    cpu_proof.runs.reuse(monkeypatch)
+    code, printed = proof_in_this_process("--quick", "--replay", str(table), "--out", str(out),
+                                          "--workdir", str(tmp_path / "work"))
+    assert code == EXIT_FAIL, printed[-4000:]
+    assert cpu_proof.runs.started == [FAULTS["killed_run"]]  # the one run the table kills at the deadline
+    assert sorted(cpu_proof.runs.reused) == sorted(set(cpu_proof.runs.runs) - {FAULTS["killed_run"]})
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert record["device"] == "cuda:0" and record["replay"] == str(table) and record["complete"] is False
+    assert {row["section"] for row in rows} == SECTIONS
+    kinds = {}
+    for row in rows:
+        kinds.setdefault(row_kind(row), []).append(row["name"])
+    assert set(kinds) == {"PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "INFO", "SKIP"}, kinds
+    assert kinds["SKIP"] and all(name.endswith("native on CUDA") for name in kinds["SKIP"])  # computed on the CPU
+    assert kinds["MISMATCH"] == [FAULTS["mismatch_case"]]
+    assert kinds["FAIL"] == ["index_add_ 10^6 -> 1 slot x20, off"]
+    assert kinds["TIMEOUT"] == ["tiny: --workers 0 bit-identical"] == record["undecided"]
+    timing = [row for row in rows if row["section"] == "timing"]
+    assert [row_kind(row) for row in timing] == ["INFO", "INFO", "SKIP budget", "SKIP budget"]
+    assert len(record["info_cut"]) == 2 and record["proved_torch"] == "2.14"
+    by_name = {row["name"]: row for row in rows}
+    for cuda_only in ("tiny: AMP on", "tiny: CUBLAS_WORKSPACE_CONFIG set in time"):
+        assert by_name[cuda_only]["status"] == "PASS"  # the CUDA branch ran, not the CPU's SKIP
+    assert "FAIL (exit 1)" in printed
+
+
+@pytest.mark.slow
+def test_a_bad_device_on_the_command_line_exits_2_with_one_line_and_no_record(tmp_path):
+    if torch.cuda.is_available() and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a GPU 7")
+    proc = run_proof("--out", str(tmp_path / "proof.json"), "--device", "7", timeout=300)
+    errors = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("ERROR: --device '7'"), proc.stderr
+    assert not (tmp_path / "proof.json").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (("--jobs", "0"), "ERROR: --jobs 0: must be at least 1"),
     (("--budget", "-5"), "ERROR: --budget -5.0: must be a positive number of seconds"),
-    (("--device", "7"), "ERROR: --device '7'"),
 ])
-def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
-    if args[0] == "--device" and torch.cuda.is_available() and torch.cuda.device_count() > 7:
-        pytest.skip("this machine has a GPU 7")
-    proc = run_proof("--out", str(tmp_path / "proof.json"), *args, timeout=300)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [line for line in proc.stderr.strip().splitlines()
-                                                if line.startswith("ERROR: ")] and message in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "proof.json").exists()
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
+    """The same exit route as the command line above (main's one-line UserError), without a new interpreter."""
+    from benchmarks.gpu_proof import proof as gpu_proof
+
+    with pytest.raises(SystemExit) as stop:
+        gpu_proof.main(["--out", str(tmp_path / "proof.json"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith(message), err
+    assert not (tmp_path / "proof.json").exists()
 
 
 def test_a_check_that_raises_is_an_error_row_with_its_reason_and_the_next_still_runs(tmp_path, capsys):
@@ -241,15 +318,16 @@ def test_the_work_folder_is_kept_by_default_and_printed(tmp_path, monkeypatch, c
     assert json.loads((tmp_path / "p.json").read_text())["workdir"] == str(work)
 
 
-def test_the_proof_replaces_a_non_deterministic_cublas_setting(tmp_path):
-    """Issue 37 finding 8: os.environ.setdefault kept a pre-set ':0:0', which voids every CUDA claim."""
-    code = ("import os, benchmarks.gpu_proof.proof as p; "
-            "print(os.environ['CUBLAS_WORKSPACE_CONFIG'], p.CUBLAS_FOUND)")
+# runpy warns that the module is loaded already: running its top level again on purpose is the point
+@pytest.mark.filterwarnings("ignore:'benchmarks.gpu_proof.proof' found in sys.modules:RuntimeWarning")
+def test_the_proof_replaces_a_non_deterministic_cublas_setting(monkeypatch):
+    """Issue 37 finding 8: os.environ.setdefault kept a pre-set ':0:0', which voids every CUDA claim.
+
+    The module's top level runs afresh (runpy, its imports already loaded) under each pre-set value."""
     for found, kept in ((":0:0", ":4096:8"), (":16:8", ":16:8")):
-        env = {**__import__("os").environ, "CUBLAS_WORKSPACE_CONFIG": found}
-        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.stdout.split() == [kept, found], done.stderr[-2000:]
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", found)
+        module = runpy.run_module("benchmarks.gpu_proof.proof", run_name="gpu_proof_top_level")
+        assert (os.environ["CUBLAS_WORKSPACE_CONFIG"], module["CUBLAS_FOUND"]) == (kept, found)
 
 
 def test_preflight_refuses_an_exclusive_gpu_and_a_small_dev_shm():
@@ -372,23 +450,6 @@ def test_timing_names_the_mode_it_compares_with(tmp_path, monkeypatch):
         ratio = seconds[mode] / seconds["warn"]
         assert f"x{ratio:.3f} vs warn" in rows[mode].detail and rows[mode].data["baseline"] == "warn"
         assert "vs off" not in rows[mode].detail
-
-
-@pytest.mark.slow
-def test_the_kill_comes_from_the_run_s_own_progress(shapes_data, tiny_cfg, tmp_path):
-    """Finding 9: the watcher polled last.pt and could SIGKILL a run that had already finished.
-
-    Through the proof's callbacks (benchmarks/gpu_proof/fault_train.py) the run saves after batch 3 of
-    epoch 0 and SIGKILLs itself, however fast or slow the machine is; the position is the one asked for.
-    """
-    from benchmarks.gpu_proof import runs as proof_runs
-
-    settings = proof_runs.RunSettings(shapes_data, tmp_path / "runs", "cpu", 64, 1, 4, 0, threads=1)
-    cmd = proof_runs.fault_launcher(False, 3) + settings.flags(tiny_cfg, "k")
-    position, killed = proof_runs.kill_mid_epoch(cmd, settings.project, "k", 600, threads=1)
-    assert killed.returncode == -9, killed.tail()
-    assert position[:2] == [0, 3], killed.tail()
-    assert "Final EMA weights" not in killed.log
 
 
 def test_the_fault_launcher_rejects_a_bad_batch(capsys):

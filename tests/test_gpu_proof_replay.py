@@ -3,12 +3,12 @@
 benchmarks/gpu_proof/replay/cuda-torch-{2.9,2.11,2.14}.json hold the outcomes CUDA is expected to give on
 each torch release (from its documentation and libtorch_cuda.so, not measured). The fast tests replay
 the ops and control sections of every table on the installed torch, and the deadline and budget
-machinery; the slow test replays the whole quick plan with one fault of each kind added and checks
-that every row kind and every section came out.
+machinery: a run killed at the deadline or a spent budget leaves the verdict undecided (exit 3), never a
+FAIL. tests/test_gpu_proof.py replays the whole quick plan, with one fault of each kind added, on the
+training runs of its CPU proof, and checks that every row kind and every section came out.
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,28 +18,10 @@ from benchmarks.gpu_proof import proof as gpu_proof
 from benchmarks.gpu_proof import runs as proof_runs
 from benchmarks.gpu_proof.device import ReplayDevice, table_from_record
 from benchmarks.gpu_proof.report import DeadlineExceeded, Proof, info, row_kind, verdict
+from tests.support.replay_tables import FAULTS, RELEASES, REPLAY, recorded, with_faults
 
 ROOT = Path(__file__).resolve().parents[1]
-REPLAY = ROOT / "benchmarks" / "gpu_proof" / "replay"
 TABLE = REPLAY / "cuda-torch-2.14.json"
-RELEASES = ("2.9", "2.11", "2.14")
-SECTIONS = {"ops", "twins", "control", "scam", "reruns", "timing"}
-FAULTS = {"mismatch_case": "gather", "killed_run": "tiny-workers0", "timing_rows_before_cut": 2}
-
-
-def recorded(release: str = "2.14") -> dict:
-    return json.loads((REPLAY / f"cuda-torch-{release}.json").read_text())
-
-
-def with_faults(table: dict) -> dict:
-    """One fault of each kind: a device that raises where the audit says 'runs', a control that never varies,
-    a run still going at the deadline and a budget spent during the timing section."""
-    table["ops"][FAULTS["mismatch_case"]] = {"outcome": "raises", "message": "gather_cuda does not have a "
-                                             "deterministic implementation (injected)"}
-    table["control"]["off"] = 1
-    table["killed_at_deadline"] = [FAULTS["killed_run"]]
-    table["budget_cut_after_timing_rows"] = FAULTS["timing_rows_before_cut"]
-    return table
 
 
 def test_every_table_covers_every_battery_case_with_its_torch_range():
@@ -170,52 +152,3 @@ def test_bad_replay_arguments_exit_2(tmp_path, capsys, args, message):
         gpu_proof.main(["--out", str(tmp_path / "p.json"), *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("ERROR: --replay") and message in err[0]
-
-
-@pytest.mark.slow
-def test_replay_produces_every_row_kind_in_every_section(tmp_path):
-    table = tmp_path / "faulted.json"
-    table.write_text(json.dumps(with_faults(recorded())))
-    out = tmp_path / "proof.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_proof.proof", "--quick", "--replay", str(table),
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
-    record = json.loads(out.read_text())
-    rows = record["rows"]
-    assert record["device"] == "cuda:0" and record["replay"] == str(table) and record["complete"] is False
-    assert {row["section"] for row in rows} == SECTIONS
-    kinds = {}
-    for row in rows:
-        kinds.setdefault(row_kind(row), []).append(row["name"])
-    assert set(kinds) == {"PASS", "FAIL", "MISMATCH", "TIMEOUT", "SKIP budget", "INFO", "SKIP"}, kinds
-    assert kinds["SKIP"] and all(name.endswith("native on CUDA") for name in kinds["SKIP"])  # computed on the CPU
-    assert kinds["MISMATCH"] == [FAULTS["mismatch_case"]]
-    assert kinds["FAIL"] == ["index_add_ 10^6 -> 1 slot x20, off"]
-    assert kinds["TIMEOUT"] == ["tiny: --workers 0 bit-identical"]
-    timing = [row for row in rows if row["section"] == "timing"]
-    assert [row_kind(row) for row in timing] == ["INFO", "INFO", "SKIP budget", "SKIP budget"]
-    by_name = {row["name"]: row for row in rows}
-    for cuda_only in ("tiny: AMP on", "tiny: CUBLAS_WORKSPACE_CONFIG set in time"):
-        assert by_name[cuda_only]["status"] == "PASS"  # the CUDA branch ran, not the CPU's SKIP
-
-
-@pytest.mark.slow
-def test_a_slow_run_and_cut_information_rows_give_exit_3_not_1(tmp_path):
-    """Issue 37 finding 3: speed alone made the verdict FAIL; now a run at the deadline leaves it undecided.
-
-    On the device image's torch (2.11); every release's ops outcomes are replayed by the fast tests above, so a
-    second whole-plan replay (about 45 s) would add no branch.
-    """
-    release = "2.11"
-    table = tmp_path / "slow.json"
-    table.write_text(json.dumps({**recorded(release), "killed_at_deadline": ["tiny-again"],
-                                 "budget_cut_after_timing_rows": 2}))
-    out = tmp_path / "proof.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_proof.proof", "--quick", "--replay", str(table),
-                           "--out", str(out), "--workdir", str(tmp_path / "work")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)
-    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
-    record = json.loads(out.read_text())
-    assert record["undecided"] == ["tiny: rerun bit-identical"] and len(record["info_cut"]) == 2
-    assert record["counts"]["FAIL"] == 0 and record["proved_torch"] == release
-    assert "INCOMPLETE (exit 3), no verdict: reruns/tiny: rerun bit-identical" in proc.stdout
