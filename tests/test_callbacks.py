@@ -1,4 +1,8 @@
-"""YOLOv5's callbacks as train.py's extension point, and the guard against a non-finite loss."""
+"""YOLOv5's callbacks as train.py's extension point, and the guard against a non-finite loss.
+
+The hook order and the moment results.csv is written are read from one shared run (``observed_run``) whose
+callbacks only look; every run that a callback changes (stops, raises, poisons) is its own.
+"""
 
 import math
 import subprocess
@@ -13,6 +17,7 @@ from tests.support.launchers import launcher_env
 from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch,
                                         nan_weight_after_batch, stop_at_batch)
 from tests.support.run_outputs import results_rows
+from tests.support.shared_audit import shared_audit_cache
 from utils.callbacks import HOOKS, CallbackError, Callbacks
 from utils.errors import UserError
 from utils.training.checkpoints import load_checkpoint
@@ -21,6 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # 16 training images at batch 8: 2 batches per epoch
 TINY = {"imgsz": 64, "batch_size": 8, "epochs": 2, "device": "cpu", "workers": 0, "noplots": True,
         "save_interval": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def audit_once_per_model():
+    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
+    with shared_audit_cache():
+        yield
 
 
 def tiny_run(shapes_data, tiny_cfg, project, name, callbacks=None, **flags):
@@ -137,9 +149,25 @@ def recorder(calls: list) -> Callbacks:
     return callbacks
 
 
-def test_a_user_callback_receives_every_documented_hook_in_order(shapes_data, tiny_cfg, tmp_path):
-    calls = []
-    tiny_run(shapes_data, tiny_cfg, tmp_path, "order", callbacks=recorder(calls))
+@pytest.fixture(scope="module")
+def observed_run(shapes_data, tiny_cfg, tmp_path_factory) -> dict:
+    """One plain tiny run with two user callbacks that only look, read by the next two tests: a recorder of
+    every hook ('calls'), and a reader of results.csv at each ``on_fit_epoch_end`` ('csv': per epoch, the rows
+    on disk, the values the hook got and the columns of the first row)."""
+    project, calls, csv = tmp_path_factory.mktemp("observed"), [], []
+
+    def read_results(vals, epoch, best_fitness, fi):
+        rows = results_rows(project / "observed")
+        csv.append((len(rows), len(vals), len(rows[0]) if rows else 0))
+
+    callbacks = recorder(calls)
+    callbacks.register_action("on_fit_epoch_end", "reader", read_results)
+    tiny_run(shapes_data, tiny_cfg, project, "observed", callbacks=callbacks)
+    return {"calls": calls, "csv": csv}
+
+
+def test_a_user_callback_receives_every_documented_hook_in_order(observed_run):
+    calls = observed_run["calls"]
     epoch = lambda e: [("on_train_epoch_start",),  # noqa: E731
                        ("on_train_batch_start",), ("on_train_batch_end", 2 * e),
                        ("on_train_batch_start",), ("on_train_batch_end", 2 * e + 1),
@@ -150,17 +178,9 @@ def test_a_user_callback_receives_every_documented_hook_in_order(shapes_data, ti
                      ("on_train_end", "last.pt", "best.pt", 1, 7)]
 
 
-def test_results_csv_is_written_before_the_user_s_epoch_callback(shapes_data, tiny_cfg, tmp_path):
-    rows_seen = []
-
-    def read_results(vals, epoch, best_fitness, fi):
-        rows_seen.append(len(results_rows(tmp_path / "csv")))
-        assert len(vals) == len(results_rows(tmp_path / "csv")[0]) - 1  # every column but the epoch
-
-    callbacks = Callbacks()
-    callbacks.register_action("on_fit_epoch_end", "reader", read_results)
-    tiny_run(shapes_data, tiny_cfg, tmp_path, "csv", callbacks=callbacks)
-    assert rows_seen == [1, 2]
+def test_results_csv_is_written_before_the_user_s_epoch_callback(observed_run):
+    assert [rows for rows, _, _ in observed_run["csv"]] == [1, 2]
+    assert all(values == columns - 1 for _, values, columns in observed_run["csv"])  # every column but the epoch
 
 
 def test_a_raising_callback_stops_the_run_and_keeps_the_last_complete_state(shapes_data, tiny_cfg, tmp_path):
