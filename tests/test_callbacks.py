@@ -1,9 +1,11 @@
 """YOLOv5's callbacks as train.py's extension point, and the guard against a non-finite loss.
 
-The hook order and the moment results.csv is written are read from one shared run (``observed_run``) whose
-callbacks only look; every run that a callback changes (stops, raises, poisons) is its own.
+The documented logger example, the hook order and the moment results.csv is written are read from one shared run
+(``observed_run``) whose callbacks only look; every run that a callback changes (stops, raises, poisons) is its own.
 """
 
+import contextlib
+import io
 import math
 import subprocess
 import sys
@@ -149,21 +151,38 @@ def recorder(calls: list) -> Callbacks:
     return callbacks
 
 
+def documented_example() -> str:
+    """The Python block of docs/training.md's "Callbacks" section."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    return text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
 @pytest.fixture(scope="module")
 def observed_run(shapes_data, tiny_cfg, tmp_path_factory) -> dict:
-    """One plain tiny run with two user callbacks that only look, read by the next two tests: a recorder of
-    every hook ('calls'), and a reader of results.csv at each ``on_fit_epoch_end`` ('csv': per epoch, the rows
-    on disk, the values the hook got and the columns of the first row)."""
-    project, calls, csv = tmp_path_factory.mktemp("observed"), [], []
+    """docs/training.md's logger example run as written, except that its ``train.run`` trains the TINY run on the
+    shapes set (the keywords it passed: 'flags'; its printout: 'out'). Two more callbacks that only look are added
+    to the example's: a recorder of every hook ('calls'), and a reader of results.csv at each ``on_fit_epoch_end``
+    ('csv': per epoch, the rows on disk, the values the hook got and the columns of the first row). The example's
+    logger would stop the run at mAP50 0.9, which 2 tiny epochs do not reach. Three tests read this one run."""
+    project, calls, csv, flags_given = tmp_path_factory.mktemp("observed"), [], [], []
 
     def read_results(vals, epoch, best_fitness, fi):
-        rows = results_rows(project / "observed")
+        rows = results_rows(project / "doc")
         csv.append((len(rows), len(vals), len(rows[0]) if rows else 0))
 
-    callbacks = recorder(calls)
-    callbacks.register_action("on_fit_epoch_end", "reader", read_results)
-    tiny_run(shapes_data, tiny_cfg, project, "observed", callbacks=callbacks)
-    return {"calls": calls, "csv": csv}
+    observers = recorder(calls)
+    observers.register_action("on_fit_epoch_end", "reader", read_results)
+    real_run = train.run
+
+    def run_tiny(callbacks=None, **flags):
+        flags_given.append(set(flags))
+        return real_run(callbacks=callbacks.extended(observers), data=str(shapes_data), cfg=str(tiny_cfg),
+                        project=str(project), name="doc", **TINY)
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr(train, "run", run_tiny)
+        exec(compile(documented_example(), "docs/training.md", "exec"), {"__name__": "example"})
+    return {"calls": calls, "csv": csv, "flags": flags_given, "out": out.getvalue(), "run": project / "doc"}
 
 
 def test_a_user_callback_receives_every_documented_hook_in_order(observed_run):
@@ -348,19 +367,9 @@ def test_stop_training_on_rank_0_stops_every_rank_at_that_step(shapes_data, tiny
     assert load_checkpoint(tmp_path / "stop" / "weights" / "last.pt")["next_position"] == [1, 1]
 
 
-def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, monkeypatch, capsys):
+def test_the_documented_logger_example_runs(observed_run):
     """docs/training.md's YOLOv5-shaped logger, run as written except for a tiny data set and model."""
-    text = (ROOT / "docs" / "training.md").read_text()
-    example = text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    real_run = train.run
-
-    def run_tiny(callbacks=None, **flags):
-        assert set(flags) == {"data", "cfg", "imgsz", "epochs"}
-        return real_run(callbacks=callbacks, data=str(shapes_data), cfg=str(tiny_cfg), project=str(tmp_path),
-                        name="doc", **TINY)
-
-    monkeypatch.setattr(train, "run", run_tiny)
-    exec(compile(example, "docs/training.md", "exec"), {"__name__": "example"})
-    out = capsys.readouterr().out
+    assert observed_run["flags"] == [{"data", "cfg", "imgsz", "epochs"}]
+    out = observed_run["out"]
     assert "epoch 0: mAP50 " in out and "epoch 1: mAP50 " in out and "fitness" in out
-    assert f"finished after epoch 1: {tmp_path / 'doc' / 'weights' / 'best.pt'}" in out
+    assert f"finished after epoch 1: {observed_run['run'] / 'weights' / 'best.pt'}" in out

@@ -2,6 +2,10 @@
 
 Every case checks the exit code, the message, and that each file left on disk loads with
 ``weights_only=True`` and is what the message says it is.
+
+Runs that end by a signal, run as another user, or fill a real tmpfs are child processes. The injected full disk
+and the read-only resume end through train.py's ``cli()`` called in this process (:func:`cli_in_process`): the
+same error handling, ERROR line and exit code as the command, without a second interpreter and torch import.
 """
 
 import contextlib
