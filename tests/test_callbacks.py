@@ -1,5 +1,11 @@
-"""YOLOv5's callbacks as train.py's extension point, and the guard against a non-finite loss."""
+"""YOLOv5's callbacks as train.py's extension point, and the guard against a non-finite loss.
 
+The documented logger example, the hook order and the moment results.csv is written are read from one shared run
+(``observed_run``) whose callbacks only look; every run that a callback changes (stops, raises, poisons) is its own.
+"""
+
+import contextlib
+import io
 import math
 import subprocess
 import sys
@@ -13,6 +19,7 @@ from tests.support.launchers import launcher_env
 from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch,
                                         nan_weight_after_batch, stop_at_batch)
 from tests.support.run_outputs import results_rows
+from tests.support.shared_audit import shared_audit_cache
 from utils.callbacks import HOOKS, CallbackError, Callbacks
 from utils.errors import UserError
 from utils.training.checkpoints import load_checkpoint
@@ -21,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # 16 training images at batch 8: 2 batches per epoch
 TINY = {"imgsz": 64, "batch_size": 8, "epochs": 2, "device": "cpu", "workers": 0, "noplots": True,
         "save_interval": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def audit_once_per_model():
+    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
+    with shared_audit_cache():
+        yield
 
 
 def tiny_run(shapes_data, tiny_cfg, project, name, callbacks=None, **flags):
@@ -137,9 +151,42 @@ def recorder(calls: list) -> Callbacks:
     return callbacks
 
 
-def test_a_user_callback_receives_every_documented_hook_in_order(shapes_data, tiny_cfg, tmp_path):
-    calls = []
-    tiny_run(shapes_data, tiny_cfg, tmp_path, "order", callbacks=recorder(calls))
+def documented_example() -> str:
+    """The Python block of docs/training.md's "Callbacks" section."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    return text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def observed_run(shapes_data, tiny_cfg, tmp_path_factory) -> dict:
+    """docs/training.md's logger example run as written, except that its ``train.run`` trains the TINY run on the
+    shapes set (the keywords it passed: 'flags'; its printout: 'out'). Two more callbacks that only look are added
+    to the example's: a recorder of every hook ('calls'), and a reader of results.csv at each ``on_fit_epoch_end``
+    ('csv': per epoch, the rows on disk, the values the hook got and the columns of the first row). The example's
+    logger would stop the run at mAP50 0.9, which 2 tiny epochs do not reach. Three tests read this one run."""
+    project, calls, csv, flags_given = tmp_path_factory.mktemp("observed"), [], [], []
+
+    def read_results(vals, epoch, best_fitness, fi):
+        rows = results_rows(project / "doc")
+        csv.append((len(rows), len(vals), len(rows[0]) if rows else 0))
+
+    observers = recorder(calls)
+    observers.register_action("on_fit_epoch_end", "reader", read_results)
+    real_run = train.run
+
+    def run_tiny(callbacks=None, **flags):
+        flags_given.append(set(flags))
+        return real_run(callbacks=callbacks.extended(observers), data=str(shapes_data), cfg=str(tiny_cfg),
+                        project=str(project), name="doc", **TINY)
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr(train, "run", run_tiny)
+        exec(compile(documented_example(), "docs/training.md", "exec"), {"__name__": "example"})
+    return {"calls": calls, "csv": csv, "flags": flags_given, "out": out.getvalue(), "run": project / "doc"}
+
+
+def test_a_user_callback_receives_every_documented_hook_in_order(observed_run):
+    calls = observed_run["calls"]
     epoch = lambda e: [("on_train_epoch_start",),  # noqa: E731
                        ("on_train_batch_start",), ("on_train_batch_end", 2 * e),
                        ("on_train_batch_start",), ("on_train_batch_end", 2 * e + 1),
@@ -150,17 +197,9 @@ def test_a_user_callback_receives_every_documented_hook_in_order(shapes_data, ti
                      ("on_train_end", "last.pt", "best.pt", 1, 7)]
 
 
-def test_results_csv_is_written_before_the_user_s_epoch_callback(shapes_data, tiny_cfg, tmp_path):
-    rows_seen = []
-
-    def read_results(vals, epoch, best_fitness, fi):
-        rows_seen.append(len(results_rows(tmp_path / "csv")))
-        assert len(vals) == len(results_rows(tmp_path / "csv")[0]) - 1  # every column but the epoch
-
-    callbacks = Callbacks()
-    callbacks.register_action("on_fit_epoch_end", "reader", read_results)
-    tiny_run(shapes_data, tiny_cfg, tmp_path, "csv", callbacks=callbacks)
-    assert rows_seen == [1, 2]
+def test_results_csv_is_written_before_the_user_s_epoch_callback(observed_run):
+    assert [rows for rows, _, _ in observed_run["csv"]] == [1, 2]
+    assert all(values == columns - 1 for _, values, columns in observed_run["csv"])  # every column but the epoch
 
 
 def test_a_raising_callback_stops_the_run_and_keeps_the_last_complete_state(shapes_data, tiny_cfg, tmp_path):
@@ -328,19 +367,9 @@ def test_stop_training_on_rank_0_stops_every_rank_at_that_step(shapes_data, tiny
     assert load_checkpoint(tmp_path / "stop" / "weights" / "last.pt")["next_position"] == [1, 1]
 
 
-def test_the_documented_logger_example_runs(shapes_data, tiny_cfg, tmp_path, monkeypatch, capsys):
+def test_the_documented_logger_example_runs(observed_run):
     """docs/training.md's YOLOv5-shaped logger, run as written except for a tiny data set and model."""
-    text = (ROOT / "docs" / "training.md").read_text()
-    example = text.split("## Callbacks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    real_run = train.run
-
-    def run_tiny(callbacks=None, **flags):
-        assert set(flags) == {"data", "cfg", "imgsz", "epochs"}
-        return real_run(callbacks=callbacks, data=str(shapes_data), cfg=str(tiny_cfg), project=str(tmp_path),
-                        name="doc", **TINY)
-
-    monkeypatch.setattr(train, "run", run_tiny)
-    exec(compile(example, "docs/training.md", "exec"), {"__name__": "example"})
-    out = capsys.readouterr().out
+    assert observed_run["flags"] == [{"data", "cfg", "imgsz", "epochs"}]
+    out = observed_run["out"]
     assert "epoch 0: mAP50 " in out and "epoch 1: mAP50 " in out and "fitness" in out
-    assert f"finished after epoch 1: {tmp_path / 'doc' / 'weights' / 'best.pt'}" in out
+    assert f"finished after epoch 1: {observed_run['run'] / 'weights' / 'best.pt'}" in out

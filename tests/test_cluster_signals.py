@@ -3,6 +3,10 @@
 Data-loader workers share the training's process group, so a group signal reaches them too. They must leave it
 to the main process, which finishes its step, saves a mid-epoch last.pt and exits 128 + the signal, as when only
 the main process is signalled. torchrun jobs, whose every process is signalled, are tests/test_cluster_slurm.py.
+
+Child runs: SIGTERM to the group (its stop), a second SIGTERM during the save, and the one-GPU batch script,
+whose simulated srun sends SIGUSR1 to the run and its workers (the SIGUSR1 stop, exit 138) and whose requeued
+run resumes; the uninterrupted reference it must match is trained in this process.
 """
 
 import os
@@ -16,19 +20,29 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+import train
+
 from tests.conftest import TINY_CFG, write_shapes_dataset
 from tests.support.cluster_doc import JOB_ID, bash_array, batch_script, fake_srun, requeues, slurm_job, with_settings
 from tests.support.group_signals import (saved_mid_epoch_0, start_in_own_session, tracebacks, wait_for_a_finished_batch,
                                          wait_for_text, wait_until_group_is_gone)
-from tests.support.launchers import ROOT, launcher_env, wait_for
-from tests.support.process_tree import group_members, signal_every_process
+from tests.support.launchers import ROOT, wait_for
+from tests.support.process_tree import group_members, job_processes, signal_every_process, still_running
 from tests.support.run_outputs import weights_checksum
+from tests.support.shared_audit import shared_audit_cache
 from utils import dataloaders
 from utils.dataset.sampling import DeterministicDataLoader
 from utils.training.interrupts import STOP_SIGNALS, GracefulInterrupt
 
 BATCHES = 12  # per epoch: a stop after the first few batches is in the middle of the epoch
 TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module", autouse=True)
+def audit_once_per_model():
+    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
+    with shared_audit_cache():
+        yield
 
 
 @pytest.fixture
@@ -110,10 +124,18 @@ def data(tmp_path_factory) -> Path:
     return write_shapes_dataset(tmp_path_factory.mktemp("group_signals"), n_train=2 * BATCHES, n_val=4)
 
 
+# One epoch of BATCHES batches with two loader workers; only the interrupt's save writes last.pt mid-epoch.
+RUN_KEYWORDS = dict(cfg=str(TINY_CFG), imgsz=64, batch_size=2, epochs=1, device="cpu", workers=2, noplots=True,
+                    save_interval=0)
+
+
 def training_flags(data: Path) -> list:
-    """One epoch of BATCHES batches with two loader workers; only the interrupt's save writes last.pt mid-epoch."""
-    return ["--data", data, "--cfg", TINY_CFG, "--imgsz", "64", "--batch-size", "2", "--epochs", "1", "--device",
-            "cpu", "--workers", "2", "--noplots", "--save-interval", "0"]
+    """RUN_KEYWORDS as train.py's flags (``batch_size`` -> ``--batch-size``; True: the flag alone), for ``data``."""
+    flags = ["--data", data]
+    for key, value in RUN_KEYWORDS.items():
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, value]
+    return flags
 
 
 def train_args(data: Path, project: Path, name: str) -> list:
@@ -126,11 +148,15 @@ def train_cmd(*args) -> list:
 
 @pytest.fixture(scope="module")
 def uninterrupted(data, tmp_path_factory) -> str:
-    """The weights checksum of the run, never stopped."""
-    project = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run(train_cmd(*train_args(data, project, "whole")), cwd=ROOT, env=launcher_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    """The weights checksum of the run, never stopped: train.run in this process, on one thread as the children
+    run (launcher_env), since the same run gives the same bits in or out of a child process
+    (tests/test_reproducibility.py resumes a killed child to the bits of an in-process reference)."""
+    project, threads = tmp_path_factory.mktemp("uninterrupted"), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train.run(**RUN_KEYWORDS, data=str(data), project=str(project), name="whole")
+    finally:
+        torch.set_num_threads(threads)
     return weights_checksum(project / "whole")
 
 
@@ -166,23 +192,13 @@ def assert_clean_stop(stopped: subprocess.CompletedProcess, signum: int, last_pt
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_process_group_saves_mid_epoch_and_resume_matches(data, uninterrupted, tmp_path):
-    """What ``kill -TERM -- -PGID`` sends: the workers used to die first and the run ended in a traceback."""
+def test_sigterm_to_the_process_group_saves_mid_epoch(data, tmp_path):
+    """What ``kill -TERM -- -PGID`` sends: the workers used to die first and the run ended in a traceback.
+    That a stop signal's mid-epoch last.pt resumes to the uninterrupted bits is the one-GPU batch script's test
+    below (the save does not depend on which stop signal asked for it)."""
     cmd = train_cmd(*train_args(data, tmp_path, "stopped"))
     stopped = stop_by_group_signal(cmd, tmp_path / "stopped.log", signal.SIGTERM)
-    last_pt = tmp_path / "stopped" / "weights" / "last.pt"
-    assert_clean_stop(stopped, signal.SIGTERM, last_pt)
-    resumed = subprocess.run(train_cmd("--resume", last_pt), cwd=ROOT, env=launcher_env(), capture_output=True,
-                             text=True, timeout=TIMEOUT_S)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert weights_checksum(tmp_path / "stopped") == uninterrupted
-
-
-@pytest.mark.slow
-def test_sigusr1_to_the_process_group_saves_mid_epoch_and_exits_138(data, tmp_path):
-    cmd = train_cmd(*train_args(data, tmp_path, "warned"))
-    stopped = stop_by_group_signal(cmd, tmp_path / "warned.log", signal.SIGUSR1)
-    assert_clean_stop(stopped, signal.SIGUSR1, tmp_path / "warned" / "weights" / "last.pt")
+    assert_clean_stop(stopped, signal.SIGTERM, tmp_path / "stopped" / "weights" / "last.pt")
 
 
 @pytest.mark.slow
@@ -211,7 +227,9 @@ def test_a_second_group_signal_exits_at_once_and_the_workers_follow(data, tmp_pa
 @pytest.mark.slow
 def test_the_one_gpu_batch_script_requeues_on_138_and_the_requeued_job_resumes(data, uninterrupted, tmp_path):
     """docs/cluster.md's train-1gpu.sbatch as written, only its settings replaced; SLURM's SIGUSR1 reaches every
-    process of the job step (here: the simulated srun passes it on)."""
+    process of the job step (here: the simulated srun passes it on), the training and its loader workers, as a
+    group signal (``kill -USR1 -- -PGID``) reaches them: this is also the SIGUSR1 group-signal case. The resumed
+    run ends with the uninterrupted run's bits."""
     runs = tmp_path / "runs"
     script = tmp_path / "train-1gpu.sbatch"
     script.write_text(with_settings(batch_script("train-1gpu.sbatch"), RUNS=shlex.quote(str(runs)), NAME="one-gpu",
@@ -220,8 +238,11 @@ def test_the_one_gpu_batch_script_requeues_on_138_and_the_requeued_job_resumes(d
     batch = start_in_own_session(["bash", script], log, env)
     try:
         wait_for_a_finished_batch(batch, log, TIMEOUT_S)
+        job = job_processes(batch.pid)
+        assert len(job) >= 5, f"bash, srun, train.py and its 2 loader workers expected: {job}"
         os.kill(fake_srun(batch.pid), signal.SIGUSR1)
         batch.wait(timeout=TIMEOUT_S)
+        assert still_running(job) == [], log.read_text()[-3000:]  # no loader worker outlives the job
     finally:
         end_job(batch)
     last_pt = runs / "one-gpu" / "weights" / "last.pt"

@@ -2,6 +2,10 @@
 
 Every case checks the exit code, the message, and that each file left on disk loads with
 ``weights_only=True`` and is what the message says it is.
+
+Runs that end by a signal, run as another user, or fill a real tmpfs are child processes. The injected full disk
+and the read-only resume end through train.py's ``cli()`` called in this process (:func:`cli_in_process`): the
+same error handling, ERROR line and exit code as the command, without a second interpreter and torch import.
 """
 
 import contextlib
@@ -22,6 +26,7 @@ import pytest
 import torch
 
 from tests.conftest import write_shapes_dataset
+from tests.support.shared_audit import shared_audit_cache
 from utils.training import checkpoints, run_state
 from utils.training.checkpoints import state_dict_sha256
 from utils.errors import UserError
@@ -32,6 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "models" / "tiny.yaml"
 NOBODY = 65534
 POSITION = re.compile(r"last\.pt (?:after epoch (\d+)|at epoch (\d+) batch (\d+))")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def audit_once_per_model():
+    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
+    with shared_audit_cache():
+        yield
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -113,10 +125,34 @@ def small_data():
     shutil.rmtree(root, ignore_errors=True)
 
 
+def train_args(data, project: Path, *extra) -> list:
+    return ["--cfg", str(TINY), "--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", "2",
+            "--workers", "0", "--device", "cpu", "--noplots", "--noautoanchor", "--save-interval", "0",
+            "--project", str(project), "--name", "exp", *extra]
+
+
 def train_cmd(data, project: Path, fault: str = "none", *extra) -> list:
-    return [sys.executable, str(ROOT / "tests" / "support" / "fault_launcher.py"), fault, "--cfg", str(TINY), "--data", str(data),
-            "--imgsz", "64", "--batch-size", "2", "--epochs", "2", "--workers", "0", "--device", "cpu",
-            "--noplots", "--noautoanchor", "--save-interval", "0", "--project", str(project), "--name", "exp", *extra]
+    return [sys.executable, str(ROOT / "tests" / "support" / "fault_launcher.py"), fault,
+            *train_args(data, project, *extra)]
+
+
+def cli_in_process(args: list, monkeypatch, capfd, log_lines, fault: str = "none") -> subprocess.CompletedProcess:
+    """train.py's ``cli()`` (the command line's own error handling and exit codes) run in this process with
+    ``args`` as its arguments and ``fault`` injected as tests/support/fault_launcher.py injects it: what a
+    child process would exit with, and print (stdout: the log's lines, then what else reached stdout;
+    stderr: what reached stderr, the ERROR line), without starting Python and torch again."""
+    import train
+    from tests.support import fault_launcher
+
+    monkeypatch.setattr(checkpoints, "atomic_open", checkpoints.atomic_open)  # restored after the test
+    fault_launcher.install(fault)
+    monkeypatch.setattr(sys, "argv", ["train.py", *map(str, args)])
+    capfd.readouterr()
+    logged = len(log_lines)
+    with pytest.raises(SystemExit) as exited:
+        train.cli()
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(args, exited.value.code, "\n".join(log_lines[logged:]) + "\n" + out, err)
 
 
 def run_train(cmd, timeout: float = 600, prefix=()) -> subprocess.CompletedProcess:
@@ -339,13 +375,16 @@ import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from utils.training.interrupts import GracefulInterrupt
 with GracefulInterrupt() as g:
+    release_r, release_w = os.pipe()
     pid = os.fork()  # as a data-loader worker is started
     if pid == 0:
-        time.sleep(5)
+        os.read(release_r, 1)  # alive until the parent has signalled it, however slow the machine
         os._exit(0)
     time.sleep(0.5)
     os.kill(pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the workers too
     os.kill(pid, signal.SIGINT)
+    time.sleep(0.5)  # the worker handles both while it is alive
+    os.write(release_w, b"x")
     os.waitpid(pid, 0)
     time.sleep(0.5)
     print("parent count", g.count, flush=True)
@@ -363,8 +402,9 @@ def test_signals_to_a_forked_worker_are_not_counted_by_the_parent():
 
 
 @pytest.mark.slow
-def test_full_disk_from_the_start_exits_non_zero_with_nothing_claimed(small_data, tmp_path):
-    result = run_train(train_cmd(small_data, tmp_path, "enospc:0"))
+def test_full_disk_from_the_start_exits_non_zero_with_nothing_claimed(small_data, tmp_path, monkeypatch, capfd,
+                                                                     log_lines):
+    result = cli_in_process(train_args(small_data, tmp_path), monkeypatch, capfd, log_lines, "enospc:0")
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
     assert re.search(r"ERROR: Could not write \S+/last.pt \(No space left on device\); no earlier last.pt of this "
@@ -400,13 +440,16 @@ def assert_stale_run(result, weights: Path) -> None:
 
 
 @pytest.mark.slow
-def test_disk_filling_after_the_first_save_never_marks_a_stale_file_finished(small_data, tmp_path):
-    result = run_train(train_cmd(small_data, tmp_path, "enospc:1"))  # best.pt and later writes fail halfway
+def test_disk_filling_after_the_first_save_never_marks_a_stale_file_finished(small_data, tmp_path, monkeypatch,
+                                                                             capfd, log_lines):
+    # best.pt and later writes fail halfway
+    result = cli_in_process(train_args(small_data, tmp_path), monkeypatch, capfd, log_lines, "enospc:1")
     assert_stale_run(result, tmp_path / "exp" / "weights")
 
 
 @pytest.mark.slow
-def test_tmpfs_filling_after_the_first_save_then_read_only_resume(small_data, tmp_path):
+def test_tmpfs_filling_after_the_first_save_then_read_only_resume(small_data, tmp_path, monkeypatch, capfd,
+                                                                  log_lines):
     with mounted_tmpfs(tmp_path / "disk", "size=4m") as disk:
         fill(disk, int(full_checkpoint_size(small_data) * 1.5) + 32 * 1024)
         result = run_train(train_cmd(small_data, disk))
@@ -414,11 +457,15 @@ def test_tmpfs_filling_after_the_first_save_then_read_only_resume(small_data, tm
         assert_stale_run(result, weights)
         before = (weights / "last.pt").read_bytes()
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-        resumed = run_train([sys.executable, "train.py", "--resume", str(weights / "last.pt")])
+        resumed = cli_in_process(["--resume", weights / "last.pt"], monkeypatch, capfd, log_lines)
         assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
         assert f"ERROR: --resume {weights / 'last.pt'}: cannot write in {weights} (Read-only file system)" \
                in resumed.stderr
         assert (weights / "last.pt").read_bytes() == before
+
+
+TORCH_THEN_WRITE = "import importlib.util, sys; open(importlib.util.find_spec('torch').origin).close(); " \
+                   "open(sys.argv[1], 'w')"
 
 
 def without_root_override() -> list:
@@ -437,8 +484,9 @@ def without_root_override() -> list:
     try:
         for prefix in (["setpriv", "--bounding-set=-dac_override,-dac_read_search"],
                        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]):
-            probe = subprocess.run([*prefix, sys.executable, "-c", "import sys, torch; open(sys.argv[1], 'w')",
-                                    str(probe_dir / "x")], capture_output=True, text=True, cwd=tempfile.gettempdir())
+            # torch's package must be readable under the prefix (finding and opening it, not importing it: fast)
+            probe = subprocess.run([*prefix, sys.executable, "-c", TORCH_THEN_WRITE, str(probe_dir / "x")],
+                                   capture_output=True, text=True, cwd=tempfile.gettempdir())
             if "PermissionError" in probe.stderr:
                 return prefix
             reasons.append(probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "write succeeded")
