@@ -55,7 +55,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Every test audits afresh (some patch the op table in-process, which the cache key cannot see) and
-# none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one.
+# none writes to the user's cache folder; tests/test_audit_cache.py points it at a temporary one, and the
+# modules whose runs patch nothing share one per module (tests/support/shared_audit.py).
 os.environ["FFCA_AUDIT_CACHE"] = "off"
 
 

@@ -30,6 +30,7 @@ from benchmarks.gpu_proof.device import LiveDevice
 from benchmarks.gpu_proof.report import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, STATUSES, Proof, row_kind, verdict
 from tests.support.global_state import kept_process_state
 from tests.support.replay_tables import FAULTS, recorded, with_faults
+from tests.support.shared_audit import shared_audit_cache
 from tests.support.shared_proof_runs import SharedRuns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def cpu_proof(tmp_path_factory):
     """The quick CPU proof, run once; its training runs are kept for the replay of the same plan."""
     folder = tmp_path_factory.mktemp("cpu_proof")
     runs = SharedRuns()
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, shared_audit_cache():  # the proof patches no op table
         runs.record(patch)
         code, printed = proof_in_this_process("--device", "cpu", "--quick", "--out", str(folder / "proof.json"),
                                               "--workdir", str(folder / "work"))
