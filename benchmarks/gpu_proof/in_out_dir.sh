@@ -34,7 +34,8 @@ record_stamp() { python3 -c 'import os, sys; print(os.stat(sys.argv[1]).st_mtime
 before=$(record_stamp || true)
 set +e
 # start.py imports what the proof needs first: a missing module is one line, not a traceback minutes in.
-PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_proof.start "$module" --out "$out/$name.json" --workdir "$out/work" "$@" 2>&1 | tee "$out/$name.log"
+PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_proof.start "$module" --out "$out/$name.json" --workdir "$out/work" "$@" \
+    2>&1 | tee "$out/$name.log"
 code=${PIPESTATUS[0]}
 set -e
 after=$(record_stamp || true)
