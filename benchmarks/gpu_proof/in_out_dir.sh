@@ -29,15 +29,13 @@ shift
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 
-# A missing module is one line here, not a traceback minutes into the proof.
-python3 -c "import torch, torchvision, numpy, cv2, yaml, pandas, matplotlib, tqdm" \
-    || { echo "ERROR: the image lacks a module the proof imports (see the line above)" >&2; exit 2; }
-
 # A record left by an earlier proof in OUT_DIR must not be named as this one's.
 record_stamp() { python3 -c 'import os, sys; print(os.stat(sys.argv[1]).st_mtime_ns)' "$out/$name.json" 2>/dev/null; }
 before=$(record_stamp || true)
 set +e
-PYTHONUNBUFFERED=1 python3 -m "$module" --out "$out/$name.json" --workdir "$out/work" "$@" 2>&1 | tee "$out/$name.log"
+# start.py imports what the proof needs first: a missing module is one line, not a traceback minutes in.
+PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_proof.start "$module" --out "$out/$name.json" --workdir "$out/work" "$@" \
+    2>&1 | tee "$out/$name.log"
 code=${PIPESTATUS[0]}
 set -e
 after=$(record_stamp || true)

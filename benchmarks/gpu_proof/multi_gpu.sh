@@ -12,5 +12,6 @@
 # OUT_DIR/work/ (data, run folders and train.py logs), and exits with the proof's code: 0 every
 # check passed, 1 a check failed, 3 incomplete (no check failed, but one could not be decided: an
 # ERROR row, e.g. a run that crashed or ran out of memory, or a run still going at the deadline),
-# 2 a bad argument or a machine with fewer GPUs than processes.
+# 2 a bad argument, a machine with fewer GPUs than processes, or a module the proof needs that does
+# not import (benchmarks/gpu_proof/start.py).
 exec bash "$(dirname "$0")/in_out_dir.sh" multi_gpu.sh benchmarks.gpu_proof.multi_gpu multi_gpu "multi-GPU proof" "$@"

@@ -7,7 +7,7 @@
 # (data, run folders and train.py logs), and exits with the proof's code: 0 every claim passed,
 # 1 a claim failed, 3 incomplete (no claim failed, but one could not be decided: an ERROR row, where
 # the check itself raised, e.g. out of memory or a missing module, or the time budget ran out),
-# 2 a bad argument or a machine the preflight refuses.
+# 2 a bad argument, a machine the preflight refuses, or a module below that does not import.
 # The proof imports nothing beyond torch, torchvision, numpy, opencv, pyyaml, pandas, matplotlib and
 # tqdm (it runs without ultralytics-thop, pycocotools, openvino and mlflow), so no wheels travel with it.
 exec bash "$(dirname "$0")/in_out_dir.sh" on_device.sh benchmarks.gpu_proof.proof proof "proof" "$@"
