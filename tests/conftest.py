@@ -12,6 +12,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support.global_state import kept_determinism_switches  # noqa: E402  (needs ROOT on sys.path)
+from tests.support.shared_audit import shared_audit_cache  # noqa: E402
 from utils.dataset.synthetic.shapes import make_shapes  # noqa: E402
 
 TINY_CFG = ROOT / "tests" / "models" / "tiny.yaml"
@@ -97,6 +98,15 @@ def restore_global_determinism():
     """Each test starts and ends with PyTorch's global determinism switches as they were, the NaN fill of new
     tensors included."""
     with kept_determinism_switches():
+        yield
+
+
+@pytest.fixture(scope="module")
+def audit_once_per_model():
+    """The module's runs read the start-up audit from a cache after the first run of each model. A module whose
+    runs patch no op table opts in: ``pytestmark = pytest.mark.usefixtures("audit_once_per_model")``
+    (tests/support/shared_audit.py)."""
+    with shared_audit_cache():
         yield
 
 

@@ -13,6 +13,8 @@ from tests.support.checkpoints import NAMES
 from tests.support.image_sets import noise
 from utils.batch_invariance import aligned_batch_size, eval_micro_batch, forward_in_micro_batches, run_batch_invariant
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 # (h, w) of the generated held-out images: wide, tall and square, several of each so that batches can mix them;
 # seven square ones share a shape, more than a CPU forward pass holds
 MIXED_SIZES = [(48, 112), (64, 96), (96, 64), (80, 80), (112, 48), (56, 100), (100, 56), (70, 70), (40, 120),

@@ -19,7 +19,6 @@ from tests.support.launchers import launcher_env
 from tests.support.nan_injection import (inf_gradient_at_batch, nan_at_batch, nan_in_micro_batch,
                                         nan_weight_after_batch, stop_at_batch)
 from tests.support.run_outputs import results_rows
-from tests.support.shared_audit import shared_audit_cache
 from utils.callbacks import HOOKS, CallbackError, Callbacks
 from utils.errors import UserError
 from utils.training.checkpoints import load_checkpoint
@@ -30,11 +29,7 @@ TINY = {"imgsz": 64, "batch_size": 8, "epochs": 2, "device": "cpu", "workers": 0
         "save_interval": 0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def audit_once_per_model():
-    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
-    with shared_audit_cache():
-        yield
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 
 def tiny_run(shapes_data, tiny_cfg, project, name, callbacks=None, **flags):

@@ -29,7 +29,6 @@ from tests.support.group_signals import (saved_mid_epoch_0, start_in_own_session
 from tests.support.launchers import ROOT, wait_for
 from tests.support.process_tree import group_members, job_processes, signal_every_process, still_running
 from tests.support.run_outputs import weights_checksum
-from tests.support.shared_audit import shared_audit_cache
 from utils import dataloaders
 from utils.dataset.sampling import DeterministicDataLoader
 from utils.training.interrupts import STOP_SIGNALS, GracefulInterrupt
@@ -38,11 +37,7 @@ BATCHES = 12  # per epoch: a stop after the first few batches is in the middle o
 TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="module", autouse=True)
-def audit_once_per_model():
-    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
-    with shared_audit_cache():
-        yield
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 
 @pytest.fixture

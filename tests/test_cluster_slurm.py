@@ -22,18 +22,13 @@ from tests.support.group_signals import (assert_only_torchrun_tracebacks, saved_
 from tests.support.launchers import ROOT, launcher_env
 from tests.support.process_tree import job_processes, signal_every_process, still_running
 from tests.support.run_outputs import weights_checksum
-from tests.support.shared_audit import shared_audit_cache
 
 NPROC = 2
 BATCHES = 12  # per epoch and rank
 TIMEOUT_S = 400
 
 
-@pytest.fixture(scope="module", autouse=True)
-def audit_once_per_model():
-    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
-    with shared_audit_cache():
-        yield
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 
 def training_flags(data: Path) -> list:

@@ -19,6 +19,8 @@ from utils.files import yaml_load
 from utils.loss import ComputeLoss
 from utils.torch_utils import temporary_determinism
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 HYP = yaml_load(train.DEFAULT_HYP)
 
 

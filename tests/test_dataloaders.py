@@ -21,6 +21,8 @@ from utils.dataset.sources import LoadImages
 from tests.support.image_sets import make_dataset, noise, warnings_about
 from tests.support.loader_batches import epoch_batches
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.0,
            flipud=0.2, fliplr=0.5, mosaic=0.8, mixup=0.3)
 

@@ -26,7 +26,6 @@ import pytest
 import torch
 
 from tests.conftest import write_shapes_dataset
-from tests.support.shared_audit import shared_audit_cache
 from utils.training import checkpoints, run_state
 from utils.training.checkpoints import state_dict_sha256
 from utils.errors import UserError
@@ -39,11 +38,7 @@ NOBODY = 65534
 POSITION = re.compile(r"last\.pt (?:after epoch (\d+)|at epoch (\d+) batch (\d+))")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def audit_once_per_model():
-    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
-    with shared_audit_cache():
-        yield
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -17,6 +17,8 @@ from tests.support.run_outputs import assert_identical
 from tests.support.training_runs import train_run
 from utils import torch_utils
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 
 class SPPFReadingUnwritten(SPPF):
     """SPPF plus a small term taken from ``torch.empty_like``: a layer that reads memory it did not write."""

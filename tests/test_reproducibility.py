@@ -17,6 +17,8 @@ from tests.support.run_outputs import assert_identical, weights_checksum as chec
 from tests.support.val_spy import recorded_validations
 from utils.determinism.compare import compare_runs
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 ROOT = Path(__file__).resolve().parents[1]
 FINAL_VALIDATION = {}  # run folder -> training's final validation (of best.pt): tests.support.val_spy.Validation
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0)

@@ -15,6 +15,8 @@ from utils.errors import UserError
 from utils.training.run_folder import (LOCK_NAME, check_run_folder_free, claim_new_folder, holder_pid,
                                        hold_run_folder, latest_checkpoint)
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

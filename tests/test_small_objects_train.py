@@ -11,6 +11,8 @@ from utils.dataloaders import LoadImagesAndLabels
 from utils.extra_hyps import mean_object_size
 from utils.training.checkpoints import load_checkpoint
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 
 @pytest.fixture(scope="module")
 def options_run(tmp_path_factory, shapes_data, tiny_cfg):

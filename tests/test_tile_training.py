@@ -16,6 +16,8 @@ from tests.support.run_outputs import assert_identical, results_rows, weights_ch
 from utils.errors import UserError
 from utils.files import yaml_load
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(imgsz=64, batch_size=4, epochs=2, device="cpu", noplots=True, exist_ok=True, save_interval=0,
                 save_period=1, workers=0)

@@ -18,7 +18,6 @@ import yaml
 
 import train
 from tests.support.run_outputs import results_rows, weights_checksum
-from tests.support.shared_audit import shared_audit_cache
 from utils.errors import UserError
 from utils.tracking import check_loggers, start_tracking
 
@@ -29,11 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = dict(imgsz=64, batch_size=8, workers=0, device="cpu", exist_ok=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def audit_once_per_model():
-    """This module's runs read the start-up audit from a cache after its first run (tests/support/shared_audit.py)."""
-    with shared_audit_cache():
-        yield
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from tests.support.training_runs import train_run
 from utils.training.checkpoints import load_checkpoint
 from utils.errors import UserError
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, shapes_data, tiny_cfg) -> Path:

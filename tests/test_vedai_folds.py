@@ -16,6 +16,8 @@ from utils.dataset.data_config import check_dataset
 from utils.dataset.image_io import collect_image_files, img2label_paths
 from utils.errors import UserError
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 ROOT = Path(__file__).resolve().parents[1]
 N_IMAGES = 12  # image 11 is in no fold file, so a fold-file conversion leaves it out
 
