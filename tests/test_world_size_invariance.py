@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import launcher_env, saved_position, sigterm_in_epoch_one
+from tests.support.launchers import launcher_env, saved_position, sigterm_at
 from tests.support.run_outputs import assert_identical
 from utils.dataset.sampling import DeterministicBatchSampler
 from utils.errors import UserError
@@ -219,7 +219,7 @@ def test_four_processes_stopped_mid_epoch_resume_on_two_with_the_same_bits(data,
     last_pt = tmp_path / "stopped" / "weights" / "last.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "train.py",
            *map(str, train_args(data, tmp_path, "stopped", "--save-interval", "0.001"))]
-    stopped = sigterm_in_epoch_one(cmd, last_pt, tmp_path / "stopped.log", timeout=TIMEOUT_S)
+    stopped = sigterm_at(cmd, last_pt, tmp_path / "stopped.log", position=(1, 0), timeout=TIMEOUT_S)
     assert stopped.returncode != 0, "the run finished before SIGTERM reached it: " + stopped.stdout[-2000:]
     epoch, batch = saved_position(last_pt) or (None, None)
     assert epoch == 1 and 0 < batch < 5, (epoch, batch, stopped.stdout[-3000:])
