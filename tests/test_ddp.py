@@ -5,7 +5,8 @@ a ``--resume`` from its epoch-0 checkpoint, and two launchers acting as two node
 node and resumed on both. Each of those trains from scratch or from a checkpoint on two ranks and ends with
 the reference's weights and results.csv, so a second uninterrupted run of the same command would add only a
 launch: the plain rerun on two processes is also a row of the multi-GPU proof's dry run
-(tests/test_multi_gpu_proof.py).
+(tests/test_multi_gpu_proof.py). The reference run audits at start-up; the runs after it read its audit from a
+cache this module shares (``shared_audit``), and must still end with its bits.
 """
 
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.launchers import launcher_env, sigterm_passed_on, workers_frozen
+from tests.support.launchers import children_share_audit_cache, launcher_env, sigterm_passed_on, workers_frozen
 from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
 from tests.support.two_nodes import run_two_nodes, start_two_nodes, stop_all, wait_for_line
 
@@ -37,6 +38,12 @@ def torchrun(nproc: int, *args, timeout: int = 400) -> subprocess.CompletedProce
 def train_args(data: Path, cfg: Path, project: Path, name: str) -> list:
     """The reference run's flags in the run folder ``project/name``: every run here trains with them."""
     return ["--data", data, "--cfg", cfg, "--project", project, "--name", name, *COMMON]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_audit(tmp_path_factory):
+    with children_share_audit_cache(tmp_path_factory.mktemp("audit")):
+        yield
 
 
 def total_train_loss(row: dict) -> float:

@@ -14,6 +14,7 @@ One epoch is enough: DDP lays its buckets out anew after its first step, and the
 saved, so the resumed run's fresh DDP takes its first step on other buckets than the uninterrupted run uses
 there. Crossing an epoch boundary after a
 mid-epoch resume under DDP is shown by tests/test_ddp.py (two nodes) and tests/test_world_size_invariance.py.
+The stopped and the resumed run read the uninterrupted run's start-up audit from a cache (``shared_audit``).
 """
 
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import launcher_env, saved_position, sigterm_at
+from tests.support.launchers import children_share_audit_cache, launcher_env, saved_position, sigterm_at
 from tests.support.run_outputs import assert_identical
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,12 @@ def train_args(data: Path, project: Path, name: str, nproc: int) -> list:
     return ["--data", data, "--cfg", ROOT / "tests" / "models" / "tiny.yaml", "--project", project, "--name", name,
             "--imgsz", "64", "--batch-size", 2 * nproc, "--epochs", "1", "--device", "cpu", "--workers", "0",
             "--noplots", "--noval", "--exist-ok", "--save-interval", "0.001", "--seed", "3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_audit(tmp_path_factory):
+    with children_share_audit_cache(tmp_path_factory.mktemp("audit")):
+        yield
 
 
 @pytest.fixture(scope="module")
