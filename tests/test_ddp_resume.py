@@ -12,8 +12,8 @@ a 4-process run mid-epoch and resumes it (on 2) to the same bits, so a fourth ra
 
 One epoch is enough: DDP lays its buckets out anew after its first step, and the stop comes once a step is
 saved, so the resumed run's fresh DDP takes its first step on other buckets than the uninterrupted run uses
-there. Crossing an epoch boundary after a
-mid-epoch resume under DDP is shown by tests/test_ddp.py (two nodes) and tests/test_world_size_invariance.py.
+there (with ``--deterministic off``, DDP's own all-reduce, this run ends with another checksum). A stop in a
+later epoch of a multi-process run is tests/test_world_size_invariance.py's (epoch 1 of 2, ``--micro-batch``).
 The stopped and the resumed run read the uninterrupted run's start-up audit from a cache (``shared_audit``).
 """
 
