@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import launcher_env, saved_position, sigterm_in_epoch_one
+from tests.support.launchers import children_share_audit_cache, launcher_env, saved_position, sigterm_at
 from tests.support.run_outputs import assert_identical
 from utils.dataset.sampling import DeterministicBatchSampler
 from utils.errors import UserError
@@ -190,6 +190,13 @@ def train_args(data: Path, project: Path, name: str, *extra) -> list:
             "--workers", "0", "--noplots", "--exist-ok", "--seed", "3", *extra]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def shared_audit(tmp_path_factory):
+    """The one-process run audits at start-up; the 2- and 4-process runs read its audit from this cache."""
+    with children_share_audit_cache(tmp_path_factory.mktemp("audit")):
+        yield
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     return write_shapes_dataset(tmp_path_factory.mktemp("invariance"), n_train=36, n_val=4)  # a short last step
@@ -219,7 +226,7 @@ def test_four_processes_stopped_mid_epoch_resume_on_two_with_the_same_bits(data,
     last_pt = tmp_path / "stopped" / "weights" / "last.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "train.py",
            *map(str, train_args(data, tmp_path, "stopped", "--save-interval", "0.001"))]
-    stopped = sigterm_in_epoch_one(cmd, last_pt, tmp_path / "stopped.log", timeout=TIMEOUT_S)
+    stopped = sigterm_at(cmd, last_pt, tmp_path / "stopped.log", position=(1, 0), timeout=TIMEOUT_S)
     assert stopped.returncode != 0, "the run finished before SIGTERM reached it: " + stopped.stdout[-2000:]
     epoch, batch = saved_position(last_pt) or (None, None)
     assert epoch == 1 and 0 < batch < 5, (epoch, batch, stopped.stdout[-3000:])

@@ -1,12 +1,16 @@
-"""Running one function on W gloo ranks on this machine: spawned processes sharing a file store."""
+"""Running one function on W gloo ranks on this machine: processes sharing a file store."""
 
 import datetime
+import multiprocessing
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)  # a rank that hangs fails the test instead of stalling it
+# The ranks fork from a fresh server process that imported torch once (a forkserver, started on first use and
+# kept): a spawned rank imports torch again, about 2 s of CPU each. The server forks before any thread starts.
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "tests.support.gloo_ranks"])
 
 
 def _rank_main(rank: int, world_size: int, store: str, fn, args: tuple) -> None:
@@ -19,9 +23,10 @@ def _rank_main(rank: int, world_size: int, store: str, fn, args: tuple) -> None:
 
 
 def run_on_ranks(fn, world_size: int, tmp_dir: Path, *args) -> None:
-    """Call ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes joined in one gloo group.
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in one gloo group.
 
     ``fn`` must be importable (a module-level function); an exception in any rank fails the call with
     that rank's traceback."""
     store = Path(tmp_dir) / f"gloo_store_{world_size}"
-    mp.spawn(_rank_main, args=(world_size, str(store), fn, args), nprocs=world_size, join=True)
+    mp.start_processes(_rank_main, args=(world_size, str(store), fn, args), nprocs=world_size, join=True,
+                       start_method="forkserver")

@@ -13,13 +13,31 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_FOR_CHILDREN: dict = {}  # variables that launcher_env adds while children_share_audit_cache is active
+
+
 def launcher_env() -> dict:
     """This environment minus any DDP variables of an outer launcher, one thread per rank.
 
     PYTHONFAULTHANDLER: a rank that aborts (a rare ``terminate called without an active exception`` at DDP
     exit, docs/reliability.md) prints every thread's Python stack into the test's captured stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    return {**env, **_FOR_CHILDREN, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+
+
+@contextlib.contextmanager
+def children_share_audit_cache(folder: Path):
+    """Training runs started meanwhile with :func:`launcher_env` share one start-up audit cache in ``folder``.
+
+    The first run (each of its ranks) audits and writes the cache; later runs of the same model, image size and
+    hyperparameters read it instead of auditing again, about a second of CPU per rank. A run reading the cache
+    must still end with the bits of one that audited. This process keeps ``FFCA_AUDIT_CACHE=off``
+    (tests/conftest.py): only children, which no in-process patch of the op table reaches, share the folder."""
+    _FOR_CHILDREN["FFCA_AUDIT_CACHE"] = str(folder)
+    try:
+        yield
+    finally:
+        del _FOR_CHILDREN["FFCA_AUDIT_CACHE"]
 
 
 def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
@@ -127,21 +145,34 @@ def saved_position(last_pt: Path):
         return None  # not written yet, or being replaced right now
 
 
-def sigterm_in_epoch_one(cmd: list, last_pt: Path, log: Path, timeout: float = 400) -> subprocess.CompletedProcess:
-    """Start ``cmd`` and send its launcher SIGTERM as soon as epoch 0's checkpoint is on disk.
+def file_version(path: Path):
+    """What tells one save of ``path`` from the next (each is an atomic replace: a new inode), or None while
+    it is absent."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def sigterm_at(cmd: list, last_pt: Path, log: Path, position: tuple = (1, 0), timeout: float = 400):
+    """Start ``cmd`` and send its launcher SIGTERM as soon as ``last.pt`` records ``position`` or later.
 
     Each look at ``last.pt`` is made with the workers stopped, so none is missed while the file is replaced (it
     is saved after every step) and none goes stale before the signal: the workers handle it in the step they
-    were stopped in, early in epoch 1, on an idle machine (fast steps) as on a loaded one (slow delivery).
+    were stopped in, just after ``position``, on an idle machine (fast steps) as on a loaded one (slow
+    delivery). The workers are stopped only for a save not looked at yet: while the file is absent or
+    unchanged they train on, which spares the many stops of their start-up and of each step.
     """
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
+        deadline, judged = time.time() + timeout, None
         while proc.poll() is None and time.time() < deadline:
-            if child_pids(proc.pid):
+            if file_version(last_pt) not in (None, judged) and child_pids(proc.pid):
                 with workers_frozen(proc) as workers:
-                    position = saved_position(last_pt)
-                    if position is not None and position >= (1, 0):
+                    judged = file_version(last_pt)  # frozen: the save read below is the one judged
+                    saved = saved_position(last_pt)
+                    if saved is not None and saved >= position:
                         sigterm_passed_on(proc, workers)
                         break
             time.sleep(0.05)
