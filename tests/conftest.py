@@ -43,10 +43,9 @@ def pytest_xdist_auto_num_workers(config):
 # (pytest.ini) hands whole files to the workers in collection order; these go first, so the many short
 # files balance the workers at the end instead of one worker starting a long file while the others idle.
 # Xdist's own order (most tests first) put the one-test multi-process files last. Only the order changes.
-LONGEST_FILES_FIRST = ("test_multi_gpu_proof.py", "test_tile_training.py", "test_cluster_signals.py",
-                       "test_reproducibility.py", "test_ddp.py", "test_world_size_invariance.py",
-                       "test_ddp_multinode.py", "test_ddp_resume.py", "test_cluster_slurm.py",
-                       "test_gpu_proof_replay.py", "test_ddp_reduction.py", "test_gpu_proof.py")
+LONGEST_FILES_FIRST = ("test_multi_gpu_proof.py", "test_gpu_proof.py", "test_ddp.py", "test_world_size_invariance.py",
+                       "test_cluster_slurm.py", "test_ddp_resume.py", "test_tile_training.py",
+                       "test_reproducibility.py", "test_train.py", "test_cluster_signals.py", "test_ddp_multinode.py")
 
 
 def pytest_collection_modifyitems(config, items):

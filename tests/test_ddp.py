@@ -6,7 +6,7 @@ node and resumed on both. Each of those trains from scratch or from a checkpoint
 the reference's weights and results.csv, so a second uninterrupted run of the same command would add only a
 launch: the plain rerun on two processes is also a row of the multi-GPU proof's dry run
 (tests/test_multi_gpu_proof.py). The reference run audits at start-up; the runs after it read its audit from a
-cache this module shares (``shared_audit``), and must still end with its bits.
+cache this module shares (``audit_once_per_model``, tests/conftest.py), and must still end with its bits.
 """
 
 import subprocess
@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.launchers import children_share_audit_cache, launcher_env, sigterm_passed_on, workers_frozen
+from tests.support.launchers import launcher_env, sigterm_passed_on, workers_frozen
 from tests.support.run_outputs import results_rows as rows, weights_checksum as checksum
 from tests.support.two_nodes import run_two_nodes, start_two_nodes, stop_all, wait_for_line
+
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--device", "cpu", "--workers", "0",
@@ -38,12 +40,6 @@ def torchrun(nproc: int, *args, timeout: int = 400) -> subprocess.CompletedProce
 def train_args(data: Path, cfg: Path, project: Path, name: str) -> list:
     """The reference run's flags in the run folder ``project/name``: every run here trains with them."""
     return ["--data", data, "--cfg", cfg, "--project", project, "--name", name, *COMMON]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_audit(tmp_path_factory):
-    with children_share_audit_cache(tmp_path_factory.mktemp("audit")):
-        yield
 
 
 def total_train_loss(row: dict) -> float:

@@ -14,7 +14,8 @@ One epoch is enough: DDP lays its buckets out anew after its first step, and the
 saved, so the resumed run's fresh DDP takes its first step on other buckets than the uninterrupted run uses
 there (with ``--deterministic off``, DDP's own all-reduce, this run ends with another checksum). A stop in a
 later epoch of a multi-process run is tests/test_world_size_invariance.py's (epoch 1 of 2, ``--micro-batch``).
-The stopped and the resumed run read the uninterrupted run's start-up audit from a cache (``shared_audit``).
+The stopped and the resumed run read the uninterrupted run's start-up audit from a cache
+(``audit_once_per_model``, tests/conftest.py).
 """
 
 import subprocess
@@ -24,8 +25,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import children_share_audit_cache, launcher_env, saved_position, sigterm_at
+from tests.support.launchers import launcher_env, saved_position, sigterm_at
 from tests.support.run_outputs import assert_identical
+
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES_PER_EPOCH = 5  # room for a stop after the first saved step that still lands mid-epoch
@@ -42,12 +45,6 @@ def train_args(data: Path, project: Path, name: str, nproc: int) -> list:
     return ["--data", data, "--cfg", ROOT / "tests" / "models" / "tiny.yaml", "--project", project, "--name", name,
             "--imgsz", "64", "--batch-size", 2 * nproc, "--epochs", "1", "--device", "cpu", "--workers", "0",
             "--noplots", "--noval", "--exist-ok", "--save-interval", "0.001", "--seed", "3"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_audit(tmp_path_factory):
-    with children_share_audit_cache(tmp_path_factory.mktemp("audit")):
-        yield
 
 
 @pytest.fixture(scope="module")

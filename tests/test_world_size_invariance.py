@@ -12,12 +12,14 @@ import torch
 import torch.nn as nn
 
 from tests.conftest import write_shapes_dataset
-from tests.support.launchers import children_share_audit_cache, launcher_env, saved_position, sigterm_at
+from tests.support.launchers import launcher_env, saved_position, sigterm_at
 from tests.support.run_outputs import assert_identical
 from utils.dataset.sampling import DeterministicBatchSampler
 from utils.errors import UserError
 from utils.training import micro_batches
 from utils.training.micro_batches import BatchNormStats, check_micro_batch, tree_sum
+
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 400
@@ -188,13 +190,6 @@ def train_args(data: Path, project: Path, name: str, *extra) -> list:
     return ["--data", data, "--cfg", ROOT / "tests" / "models" / "tiny.yaml", "--project", project, "--name", name,
             "--imgsz", "64", "--batch-size", "8", "--micro-batch", "2", "--epochs", "2", "--device", "cpu",
             "--workers", "0", "--noplots", "--exist-ok", "--seed", "3", *extra]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_audit(tmp_path_factory):
-    """The one-process run audits at start-up; the 2- and 4-process runs read its audit from this cache."""
-    with children_share_audit_cache(tmp_path_factory.mktemp("audit")):
-        yield
 
 
 @pytest.fixture(scope="module")

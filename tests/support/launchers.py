@@ -13,31 +13,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-_FOR_CHILDREN: dict = {}  # variables that launcher_env adds while children_share_audit_cache is active
-
-
 def launcher_env() -> dict:
     """This environment minus any DDP variables of an outer launcher, one thread per rank.
 
     PYTHONFAULTHANDLER: a rank that aborts (a rare ``terminate called without an active exception`` at DDP
     exit, docs/reliability.md) prints every thread's Python stack into the test's captured stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return {**env, **_FOR_CHILDREN, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-
-
-@contextlib.contextmanager
-def children_share_audit_cache(folder: Path):
-    """Training runs started meanwhile with :func:`launcher_env` share one start-up audit cache in ``folder``.
-
-    The first run (each of its ranks) audits and writes the cache; later runs of the same model, image size and
-    hyperparameters read it instead of auditing again, about a second of CPU per rank. A run reading the cache
-    must still end with the bits of one that audited. This process keeps ``FFCA_AUDIT_CACHE=off``
-    (tests/conftest.py): only children, which no in-process patch of the op table reaches, share the folder."""
-    _FOR_CHILDREN["FFCA_AUDIT_CACHE"] = str(folder)
-    try:
-        yield
-    finally:
-        del _FOR_CHILDREN["FFCA_AUDIT_CACHE"]
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def train_cmd(data, cfg, project: Path, name: str, *extra) -> list:
