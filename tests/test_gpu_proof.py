@@ -18,6 +18,7 @@ import os
 import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,7 +50,8 @@ def proof_in_this_process(*args: str) -> tuple:
     from benchmarks.gpu_proof import proof as gpu_proof
 
     printed = io.StringIO()
-    with kept_process_state(), contextlib.redirect_stdout(printed):
+    with kept_process_state(), contextlib.redirect_stdout(printed), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")  # a battery case, on purpose
         code = gpu_proof.main(list(args))
     return code, printed.getvalue()
 

@@ -14,6 +14,8 @@ from benchmarks.gpu_proof import multi_gpu
 from benchmarks.gpu_proof.report import Proof
 from benchmarks.gpu_proof.runs import RunResult
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_proof" / "multi_gpu.sh"
 
