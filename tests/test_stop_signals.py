@@ -14,6 +14,8 @@ from tests.support.launchers import ROOT, launcher_env
 from utils.stop_signals import StopSignal, stop_line, stop_stage
 from utils.training.checkpoints import load_checkpoint
 
+pytestmark = pytest.mark.usefixtures("audit_once_per_model")  # tests/support/shared_audit.py
+
 
 def stopped(script: str, target: str, name: str, *arguments, timeout: float = 240) -> tuple[int, str]:
     """(exit code, output) of ``script`` signalled with SIG``name`` when ``target`` is called."""
