@@ -2,6 +2,7 @@
 
 The suite turns the audit cache off (tests/conftest.py), because a test that patches the op table in its own
 process would be handed a report whose key cannot see the patch. The modules that use :func:`shared_audit_cache`
+(through tests/conftest.py's ``audit_once_per_model``, or the GPU proof's CPU run in tests/test_gpu_proof.py)
 patch no op table and assert nothing about the audit: their runs (in the test process and in the processes they
 start, which inherit the variable) take the report from a folder private to this test process, computed by the
 first run of each key and read by the next, as a user's second run reads it. The audit then costs a run about a
