@@ -8,7 +8,6 @@ simulated (tests/support/fake_slurm.py). The one-process script is tested in tes
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.support.group_signals import (assert_only_torchrun_tracebacks, saved_
 from tests.support.launchers import ROOT, launcher_env
 from tests.support.process_tree import job_processes, signal_every_process, still_running
 from tests.support.run_outputs import weights_checksum
+from tests.support.two_nodes import free_port
 
 NPROC = 2
 BATCHES = 12  # per epoch and rank
@@ -40,12 +40,6 @@ def training_flags(data: Path) -> list:
 def torchrun_cmd(*args) -> list:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}", "train.py",
             *map(str, args)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

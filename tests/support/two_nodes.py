@@ -15,6 +15,7 @@ TIMEOUT_S = 600
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a rendezvous port for a launcher)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
